@@ -1,0 +1,28 @@
+"""Test-wide setup: 8 fake CPU devices for sharding tests, and the `accelerator` marker.
+
+`XLA_FLAGS` must be set before JAX initialises its backends, so this runs at conftest import,
+before any test module imports jax.
+"""
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+def pytest_report_header(config):
+    return f"jax {jax.__version__}: backend={jax.default_backend()}, devices={jax.device_count()}"
+
+
+def pytest_collection_modifyitems(config, items):
+    backend = jax.default_backend()
+    if backend != "cpu":
+        return
+    skip = pytest.mark.skip(reason=f"needs a GPU or TPU; this run has only jax backend '{backend}'")
+    for item in items:
+        if "accelerator" in item.keywords:
+            item.add_marker(skip)

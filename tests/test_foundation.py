@@ -1,0 +1,37 @@
+"""The base every other test relies on: fake devices, importable packages, markers."""
+
+import importlib
+import pathlib
+import tomllib
+
+import jax
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ["hat_jax", "models", "rl", "data", "configs", "serve", "launch"]
+
+
+def test_eight_fake_cpu_devices():
+    if jax.default_backend() == "cpu":
+        assert jax.device_count() == 8
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_package_imports_and_is_declared(name):
+    module = importlib.import_module(name)
+    assert module.__doc__, f"{name}/__init__.py must say what the package owns"
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = declared["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert f"{name}*" in include
+
+
+def test_lock_pins_every_requirement():
+    lines = [
+        line
+        for line in (ROOT / "requirements.lock").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines and all("==" in line for line in lines), "every lock line must be pinned"
+    names = {line.split("==")[0].lower().replace("_", "-") for line in lines}
+    for dep in ["jax", "flax", "optax", "orbax-checkpoint", "grain", "transformers", "mcp"]:
+        assert dep in names, f"{dep} missing from requirements.lock"
