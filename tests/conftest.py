@@ -13,6 +13,8 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+pytest_plugins = ["pytester"]
+
 
 def pytest_report_header(config):
     return f"jax {jax.__version__}: backend={jax.default_backend()}, devices={jax.device_count()}"

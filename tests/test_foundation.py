@@ -35,3 +35,24 @@ def test_lock_pins_every_requirement():
     names = {line.split("==")[0].lower().replace("_", "-") for line in lines}
     for dep in ["jax", "flax", "optax", "orbax-checkpoint", "grain", "transformers", "mcp"]:
         assert dep in names, f"{dep} missing from requirements.lock"
+
+
+def test_accelerator_marker_skips_with_reason_on_cpu(pytester):
+    if jax.default_backend() != "cpu":
+        pytest.skip("this check is about CPU-only machines")
+    pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.accelerator
+        def test_needs_gpu():
+            raise AssertionError("must not run on CPU")
+
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*needs a GPU or TPU*cpu*"])
