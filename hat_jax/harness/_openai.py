@@ -1,0 +1,166 @@
+"""`OpenAICompatPolicy`: a policy served by any `/v1/chat/completions` endpoint.
+
+Works with SGLang (`--tool-call-parser qwen3_coder --reasoning-parser qwen3`), vLLM and hosted
+APIs. Structured tool calls from the server are used as they come; when a server returns tool
+calls as raw text instead, `hat_jax.chat_format.parse` recovers them. Arguments that are not a
+JSON object become parse errors, which the `well_formed_output` hook answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from hat_jax.harness._errors import PolicyError
+from hat_jax.harness._policy import AssistantTurn, SamplingParams, ToolCall
+
+_THINK = re.compile(r"<think>(.*?)(?:</think>|\Z)", re.S)
+
+
+def _to_wire(message: Mapping[str, Any]) -> dict[str, Any]:
+    """Library message -> chat-completions message (tool arguments as JSON strings)."""
+    out = {k: v for k, v in message.items() if k not in ("reasoning_content", "tool_calls")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                },
+            }
+            for c in message["tool_calls"]
+        ]
+    return out
+
+
+def _parse_text_calls(content: str) -> tuple[str, str, list[ToolCall], list[str]]:
+    try:
+        from hat_jax.chat_format import parse
+    except ImportError:
+        return (
+            content,
+            "",
+            [],
+            ["the reply contains tool calls as text, and no chat-format parser is installed"],
+        )
+    parsed = parse(content)
+    calls = [
+        ToolCall(id=f"call_text_{i}", name=c.name, arguments=dict(c.arguments))
+        for i, c in enumerate(parsed.tool_calls)
+    ]
+    return parsed.content, parsed.reasoning, calls, list(parsed.errors)
+
+
+def turn_from_message(message: Mapping[str, Any]) -> AssistantTurn:
+    """Chat-completions `choices[0].message` -> `AssistantTurn` (errors become parse errors)."""
+    raw = message.get("content") or ""
+    content = raw
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    if "<think>" in content or "</think>" in content:
+        reasoning = "\n".join([reasoning, *_THINK.findall(content)]).strip()
+        content = _THINK.sub("", content).split("</think>")[-1].strip()
+    calls, errors = [], []
+    for i, c in enumerate(message.get("tool_calls") or ()):
+        fn = c.get("function") or {}
+        name, args = fn.get("name") or "", fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as err:
+                errors.append(f"arguments of {name or 'a tool call'} are not valid JSON ({err})")
+                continue
+        if not isinstance(args, dict) or not name:
+            errors.append(f"tool call {i} needs a name and an object of arguments")
+            continue
+        calls.append(ToolCall(id=c.get("id") or f"call_{i}", name=name, arguments=args))
+    if not calls and "<tool_call>" in content:
+        content, extra, calls, more = _parse_text_calls(content)
+        reasoning = "\n".join(x for x in (reasoning, extra) if x)
+        errors += more
+    return AssistantTurn(
+        content=content,
+        reasoning=reasoning,
+        tool_calls=tuple(calls),
+        raw_text=raw,
+        parse_errors=tuple(errors),
+    )
+
+
+class OpenAICompatPolicy:
+    """A policy behind an OpenAI-compatible chat-completions endpoint.
+
+    Args:
+      base_url: the API root, e.g. `http://localhost:30000/v1`.
+      model: the model name the server expects.
+      api_key: sent as a bearer token when given.
+      timeout_s: HTTP timeout per request (the loop also enforces its trajectory budget).
+      extra_body: extra request fields (e.g. `{"top_k": 20}`).
+      transport: an `httpx` transport (tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        extra_body: Mapping[str, Any] | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model, self.extra_body = model, dict(extra_body or {})
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def generate(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        sampling: SamplingParams | None = None,
+    ) -> AssistantTurn:
+        sampling = sampling or SamplingParams()
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": [_to_wire(m) for m in messages],
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+            "chat_template_kwargs": {"enable_thinking": sampling.enable_thinking},
+            "separate_reasoning": True,
+            **self.extra_body,
+        }
+        if tools:
+            payload.update(tools=list(tools), tool_choice="auto")
+        if sampling.seed is not None:
+            payload["seed"] = sampling.seed
+        try:
+            response = self._client.post("/chat/completions", json=payload)
+        except httpx.TimeoutException as err:
+            raise PolicyError(f"chat completion timed out: {err}") from err
+        except httpx.HTTPError as err:
+            raise PolicyError(f"chat completion failed: {type(err).__name__}: {err}") from err
+        if response.status_code != 200:
+            raise PolicyError(
+                f"chat completion returned HTTP {response.status_code}: {response.text[:300]}"
+            )
+        try:
+            message = response.json()["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as err:
+            raise PolicyError(
+                f"unexpected chat completion response: {response.text[:300]}"
+            ) from err
+        return turn_from_message(message)

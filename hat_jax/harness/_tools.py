@@ -1,0 +1,68 @@
+"""Tool executors keyed by canonical name, and the built-in retrieval and commerce tools.
+
+A `Toolbox` maps canonical tool names to executors `fn(arguments) -> JSON value`. The loop
+resolves the policy's (surface) tool name through the `HarnessState` first, so executors never
+see renamed names, and fills context arguments (`viewer_id`, ...) from the request. An executor
+signals an expected failure by raising `ToolError` / `ToolDenied`; anything else it raises is
+recorded as a fault and returned to the policy as an error result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from hat_jax.harness._world import World
+
+Executor = Callable[[dict[str, Any]], Any]
+
+
+class Toolbox(Mapping[str, Executor]):
+    """An immutable mapping canonical tool name -> executor."""
+
+    def __init__(self, executors: Mapping[str, Executor] | None = None):
+        for name, fn in (executors or {}).items():
+            if not callable(fn):
+                raise TypeError(f"executor for {name!r} is not callable")
+        self._executors = MappingProxyType(dict(executors or {}))
+
+    def __getitem__(self, name: str) -> Executor:
+        return self._executors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._executors)
+
+    def __len__(self) -> int:
+        return len(self._executors)
+
+    def merged(self, other: Mapping[str, Executor]) -> Toolbox:
+        """A new Toolbox with `other`'s executors added (a name in both is an error)."""
+        clash = set(self) & set(other)
+        if clash:
+            raise ValueError(f"executors defined twice: {sorted(clash)}")
+        return Toolbox({**self._executors, **other})
+
+    def __repr__(self) -> str:
+        return f"Toolbox({sorted(self)})"
+
+
+def builtin_toolbox(world: World) -> Toolbox:
+    """Executors of the built-in retrieval and commerce tools, answering from `world`."""
+    return Toolbox(
+        {
+            "search_products": lambda a: world.search_products(
+                a["query"], a.get("category"), a.get("limit", 5)
+            ),
+            "get_product_detail": lambda a: world.product_detail(a["product_id"]),
+            "search_faq": lambda a: world.search_faq(
+                a["query"], a.get("product_id"), a.get("limit", 3)
+            ),
+            "check_inventory": lambda a: world.inventory(a["product_id"], a.get("variant")),
+            "get_price_promotion": lambda a: world.price_info(a["product_id"], a.get("now")),
+            "get_order_status": lambda a: world.order_status(a["order_id"], a["viewer_id"]),
+            "get_after_sales_policy": lambda a: world.after_sales_policy(
+                a.get("product_id"), a.get("topic")
+            ),
+        }
+    )
