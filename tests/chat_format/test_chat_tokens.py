@@ -16,7 +16,17 @@ from hypothesis import strategies as st
 
 from hat_jax.chat_format import RenderedTokens, render, render_completion, render_tokens
 
-VARIANTS = ["demo", "demo_raw", "gpt2_style", "gpt2_style_raw", "format_tokens_not_added"]
+VARIANTS = [
+    "demo",
+    "demo_raw",
+    "gpt2_style",
+    "gpt2_style_raw",
+    "format_tokens_not_added",
+    "format_tokens_strip_whitespace",
+    "longer_added_token",
+]
+# Tokenizers whose format tokens are plain added tokens, as in every Qwen tokenizer.
+PLAIN_VARIANTS = VARIANTS[:5]
 
 
 def trainable_text(tokenizer, rendered):
@@ -62,6 +72,24 @@ def test_ids_equal_tokenizing_the_full_text_on_generated_conversations(
     turns = sum(m["role"] == "assistant" for m in messages)
     if "<|im_end|>" not in repr(messages):  # else message text adds its own
         assert produced.count("<|im_end|>") == turns
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=st.one_of(conversation_st(), conversation_st(TAGGY_TEXT)),
+    tools=TOOLS_ST,
+    thinking=st.booleans(),
+)
+def test_segment_cache_gives_the_full_text_encoding_and_mask(
+    demo_tokenizer, demo_full_text, messages, tools, thinking
+):
+    try:
+        cached = render_tokens(messages, demo_tokenizer, tools, enable_thinking=thinking)
+    except ValueError:
+        return
+    again = render_tokens(messages, demo_tokenizer, tools, enable_thinking=thinking)
+    full = render_tokens(messages, demo_full_text, tools, enable_thinking=thinking)
+    assert cached == again == full
 
 
 def mask_runs(tokenizer, rendered):
@@ -118,7 +146,7 @@ def test_mask_by_hand_on_a_small_conversation(demo_tokenizer):
     )
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", PLAIN_VARIANTS)
 @pytest.mark.parametrize("thinking", [True, False])
 def test_each_turn_trains_on_exactly_what_a_sampler_would_produce(
     tokenizer_variants, variant, thinking
