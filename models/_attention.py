@@ -1,0 +1,115 @@
+"""Grouped-query attention with QK-norm, partial RoPE and (Qwen3.5) a sigmoid output gate.
+
+Qwen3.5's `q_proj` emits, per head, head_dim query rows followed by head_dim gate rows;
+the output is `o_proj(attn * sigmoid(gate))`. Qwen3-MoE has no gate. QK-norm is an RMSNorm
+over head_dim applied before RoPE. The mask is block-diagonal causal over segments.
+
+The score function takes key/value slots and their segment indices explicitly, so a KV
+cache (decode) only has to supply the cached keys, values, slots and segments.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import _params as P
+from models._config import QwenConfig
+from models._norms import RMSNorm
+from models._positions import Segments, apply_rope
+
+
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    q_slot: jax.Array,
+    k_slot: jax.Array,
+    q_doc: jax.Array,
+    k_doc: jax.Array,
+) -> jax.Array:
+    """Masked softmax attention with grouped KV heads.
+
+    Args:
+        q: [B, T, H, D] queries (scaled here by D^-0.5).
+        k, v: [B, S, KV, D] keys and values; H is a multiple of KV.
+        q_slot, k_slot: int[B, T] / int[B, S] sequence indices (causality: k_slot <= q_slot).
+        q_doc, k_doc: int[B, T] / int[B, S] segment indices (attend only within a segment).
+
+    Returns:
+        [B, T, H, D] in q's dtype; softmax in float32.
+    """
+    batch, length, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(batch, length, kv_heads, heads // kv_heads, dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (dim**-0.5)
+    mask = (k_slot[:, None, :] <= q_slot[:, :, None]) & (k_doc[:, None, :] == q_doc[:, :, None])
+    scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(batch, length, heads, dim)
+
+
+class Attention(nnx.Module):
+    """The full-attention token mixer of one layer."""
+
+    def __init__(self, config: QwenConfig):
+        c = config
+        self.config = c
+        pd = P.to_dtype(c.param_dtype)
+        std = c.initializer_range
+        e, h, kv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = P.normal((e, h, d), (P.EMBED, P.Q_HEADS, P.HEAD_DIM), std=std, dtype=pd)
+        if c.attn_output_gate:
+            self.gate_proj = P.normal(
+                (e, h, d), (P.EMBED, P.Q_HEADS, P.HEAD_DIM), std=std, dtype=pd
+            )
+        self.k_proj = P.normal((e, kv, d), (P.EMBED, P.KV_HEADS, P.HEAD_DIM), std=std, dtype=pd)
+        self.v_proj = P.normal((e, kv, d), (P.EMBED, P.KV_HEADS, P.HEAD_DIM), std=std, dtype=pd)
+        self.o_proj = P.normal((h, d, e), (P.Q_HEADS, P.HEAD_DIM, P.EMBED), std=std, dtype=pd)
+        norm = dict(eps=c.rms_norm_eps, offset=c.norm_offset, param_dtype=pd)
+        self.q_norm = RMSNorm(d, P.HEAD_DIM, **norm)
+        self.k_norm = RMSNorm(d, P.HEAD_DIM, **norm)
+
+    def _project(self, x: jax.Array) -> tuple[jax.Array, ...]:
+        """One fused matmul for q, (gate), k, v."""
+        c = self.config
+        dt = x.dtype
+        kernels = [self.q_proj[...]]
+        if c.attn_output_gate:
+            kernels.append(self.gate_proj[...])
+        kernels += [self.k_proj[...], self.v_proj[...]]
+        sizes = [w.shape[1] * w.shape[2] for w in kernels]
+        fused = jnp.concatenate([w.reshape(w.shape[0], -1).astype(dt) for w in kernels], axis=1)
+        y = x @ fused
+        parts = jnp.split(y, [sum(sizes[:i]) for i in range(1, len(sizes))], axis=-1)
+        shapes = [w.shape[1:] for w in kernels]
+        return tuple(p.reshape(*x.shape[:2], *s) for p, s in zip(parts, shapes))
+
+    def __call__(
+        self,
+        x: jax.Array,
+        segments: Segments,
+        rope: tuple[jax.Array, jax.Array],
+        cache=None,
+    ) -> tuple[jax.Array, None]:
+        """x [B, T, E] -> ([B, T, E], cache). `cache` must be None (decode is not built yet)."""
+        if cache is not None:
+            raise NotImplementedError("Attention: KV-cache decoding is not implemented yet")
+        c = self.config
+        parts = self._project(x)
+        if c.attn_output_gate:
+            q, gate, k, v = parts
+        else:
+            (q, k, v), gate = parts, None
+        q = apply_rope(self.q_norm(q), *rope)
+        k = apply_rope(self.k_norm(k), *rope)
+        slots = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+        out = attend(q, k, v, q_slot=slots, k_slot=slots, q_doc=segments.doc, k_doc=segments.doc)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
+        y = jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(x.dtype))
+        return y, None

@@ -1,0 +1,149 @@
+"""The gated delta rule, segment-aware: a chunked form for training and a per-step recurrence.
+
+For each value head, with state S [Dk, Dv], decay g_t <= 0 (log space), beta_t in (0, 1):
+
+    S <- exp(g_t) * S
+    S <- S + k_t (beta_t (v_t - S^T k_t))^T
+    o_t = S^T q_t                     (q_t scaled by Dk^-0.5)
+
+and S <- 0 before the first token of every segment (packed sequences). The chunked form
+(Yang et al., "Gated Delta Networks") processes C tokens at once: inside a chunk the
+updates are condensed with the UT transform T = (I + tril(diag(beta) K K^T * Gamma, -1))^-1,
+and only the state is carried from chunk to chunk. Segment boundaries inside a chunk mask
+the pairwise terms and the reads and writes of the carried state; decays are differences of
+one within-chunk cumulative sum, taken only between tokens of the same segment.
+
+Inputs are float32 (the caller upcasts); q and k are expected L2-normalised and already
+repeated to the value heads.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _start_mask(doc: jax.Array) -> jax.Array:
+    """bool[B, T]: True where a token starts a new segment (never at t = 0: see below)."""
+    return jnp.concatenate([jnp.zeros_like(doc[:, :1], bool), doc[:, 1:] != doc[:, :-1]], axis=1)
+
+
+def recurrent_gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    doc: jax.Array,
+    initial_state: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Token-by-token reference (and the decode step).
+
+    Args:
+        q, k: f32[B, T, H, Dk]; v: f32[B, T, H, Dv]; g, beta: f32[B, T, H].
+        doc: int[B, T] segment index of each token; the state resets where it changes.
+            The first token continues `initial_state` (zeros when None).
+        initial_state: f32[B, H, Dk, Dv] or None.
+
+    Returns:
+        (o f32[B, T, H, Dv], final state f32[B, H, Dk, Dv]).
+    """
+    batch, _, heads, dk = k.shape
+    dv = v.shape[-1]
+    state = (
+        jnp.zeros((batch, heads, dk, dv), jnp.float32) if initial_state is None else initial_state
+    )
+    keep = 1.0 - _start_mask(doc).astype(jnp.float32)
+    q = q * (dk**-0.5)
+
+    def step(s, inputs):
+        q_t, k_t, v_t, g_t, b_t, keep_t = inputs
+        s = s * (jnp.exp(g_t) * keep_t[:, None])[..., None, None]
+        predicted = jnp.einsum("bhkv,bhk->bhv", s, k_t)
+        delta = (v_t - predicted) * b_t[..., None]
+        s = s + k_t[..., :, None] * delta[..., None, :]
+        return s, jnp.einsum("bhkv,bhk->bhv", s, q_t)
+
+    xs = [jnp.moveaxis(a, 1, 0) for a in (q, k, v, g, beta, keep)]
+    state, out = jax.lax.scan(step, state, xs)
+    return jnp.moveaxis(out, 0, 1), state
+
+
+def _pad_to_chunks(x: jax.Array, pad: int, mode: str = "constant") -> jax.Array:
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, pad)
+    return jnp.pad(x, widths, mode=mode)
+
+
+def chunked_gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    doc: jax.Array,
+    *,
+    chunk_size: int = 64,
+    initial_state: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Chunked gated delta rule; same contract as `recurrent_gated_delta_rule`."""
+    batch, length, heads, dk = k.shape
+    dv = v.shape[-1]
+    c = chunk_size
+    pad = (-length) % c
+    # Padding continues the last segment with g = 0, beta = 0, k = 0: the state is unchanged.
+    q, k, v, g, beta = (_pad_to_chunks(a, pad) for a in (q, k, v, g, beta))
+    doc = _pad_to_chunks(doc, pad, mode="edge")
+    n = (length + pad) // c
+    q = q * (dk**-0.5)
+
+    def chunks(a):  # [B, T, H, ...] -> [B, H, N, C, ...]
+        a = a.reshape(batch, n, c, heads, *a.shape[3:])
+        return jnp.moveaxis(a, 3, 1)
+
+    q, k, v, g, beta = (chunks(a) for a in (q, k, v, g, beta))
+    doc = doc.reshape(batch, 1, n, c)
+    # The segment that was running before each chunk (the first chunk continues the state).
+    prev_doc = jnp.concatenate([doc[:, :, :1, :1], doc[:, :, :-1, -1:]], axis=2)
+
+    cum = jnp.cumsum(g, axis=-1)  # [B, H, N, C]
+    same = doc[..., :, None] == doc[..., None, :]  # [B, 1, N, C, C]
+    lower_incl = jnp.tril(jnp.ones((c, c), bool))
+    lower_strict = jnp.tril(jnp.ones((c, c), bool), -1)
+    diff = cum[..., :, None] - cum[..., None, :]
+    decay_incl = jnp.exp(jnp.where(same & lower_incl, diff, -jnp.inf))
+    decay_strict = jnp.where(lower_strict, decay_incl, 0.0)
+
+    cont = (doc == prev_doc).astype(jnp.float32)  # token still in the carried segment
+    from_start = jnp.exp(cum) * cont  # [B, H, N, C] decay since the chunk start
+    last_same = (doc == doc[..., -1:]).astype(jnp.float32)  # same segment as the chunk end
+    to_end = jnp.exp(jnp.where(last_same > 0, cum[..., -1:] - cum, -jnp.inf))
+    chunk_decay = jnp.exp(cum[..., -1]) * cont[..., -1]  # [B, H, N]
+
+    k_beta = k * beta[..., None]
+    system = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k) * decay_strict
+    eye = jnp.eye(c, dtype=jnp.float32)
+    rhs = jnp.concatenate([v * beta[..., None], k_beta * from_start[..., None]], axis=-1)
+    solved = jax.lax.linalg.triangular_solve(
+        eye + system, rhs, left_side=True, lower=True, unit_diagonal=True
+    )
+    u, w = solved[..., :dv], solved[..., dv:]
+    intra = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * decay_incl
+    q_read = q * from_start[..., None]
+    k_write = k * to_end[..., None]
+
+    def step(state, xs):
+        u_n, w_n, intra_n, q_n, k_n, decay_n = xs
+        v_new = u_n - jnp.einsum("bhck,bhkv->bhcv", w_n, state)
+        out = jnp.einsum("bhck,bhkv->bhcv", q_n, state)
+        out = out + jnp.einsum("bhij,bhjv->bhiv", intra_n, v_new)
+        state = state * decay_n[..., None, None] + jnp.einsum("bhck,bhcv->bhkv", k_n, v_new)
+        return state, out
+
+    state = (
+        jnp.zeros((batch, heads, dk, dv), jnp.float32) if initial_state is None else initial_state
+    )
+    xs = [jnp.moveaxis(a, 2, 0) for a in (u, w, intra, q_read, k_write, chunk_decay)]
+    state, out = jax.lax.scan(step, state, xs)  # out [N, B, H, C, Dv]
+    out = jnp.moveaxis(out, 0, 2).reshape(batch, heads, n * c, dv)[:, :, :length]
+    return jnp.moveaxis(out, 1, 2), state

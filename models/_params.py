@@ -1,0 +1,138 @@
+"""Parameter creation with logical axis names, and the dtype helpers every layer shares.
+
+Every parameter is an `nnx.Param` whose `out_sharding` metadata holds *logical* axis names
+(never mesh axis names); `hat_jax.sharding` maps them to mesh axes. Flax eagerly shards a
+variable that carries names when a mesh is active, so the names only turn into placements
+under a mesh (with logical rules); without one the model builds plainly on the default device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.core import meta
+from flax.core import spmd as core_spmd
+
+# Logical axis names used by the model's parameters (documented in models/__init__.py).
+VOCAB = "vocab"
+EMBED = "embed"
+Q_HEADS = "q_heads"
+KV_HEADS = "kv_heads"
+HEAD_DIM = "head_dim"
+MLP = "mlp"
+EXPERT = "expert"
+LAYERS = "layers"
+DELTA_K_HEADS = "delta_k_heads"
+DELTA_V_HEADS = "delta_v_heads"
+DELTA_K_DIM = "delta_k_dim"
+DELTA_V_DIM = "delta_v_dim"
+CONV_KERNEL = "conv_kernel"
+
+AXIS_NAMES = (
+    VOCAB,
+    EMBED,
+    Q_HEADS,
+    KV_HEADS,
+    HEAD_DIM,
+    MLP,
+    EXPERT,
+    LAYERS,
+    DELTA_K_HEADS,
+    DELTA_V_HEADS,
+    DELTA_K_DIM,
+    DELTA_V_DIM,
+    CONV_KERNEL,
+)
+
+
+def to_dtype(name: str) -> jnp.dtype:
+    return jnp.dtype(name)
+
+
+def _mesh_active() -> bool:
+    return meta.get_global_mesh() is not None
+
+
+def param(value: jax.Array, names: Sequence[str | None], **metadata) -> nnx.Param:
+    """An `nnx.Param` carrying logical axis `names` (one per dimension of `value`)."""
+    if len(names) != value.ndim:
+        raise ValueError(f"{len(names)} axis names {tuple(names)} for shape {value.shape}")
+    return nnx.Param(value, out_sharding=tuple(names), eager_sharding=_mesh_active(), **metadata)
+
+
+def normal(
+    shape: Sequence[int], names: Sequence[str | None], *, std: float, dtype: jnp.dtype
+) -> nnx.Param:
+    """A parameter to draw from Normal(0, std) (HF's `initializer_range` convention).
+
+    It holds zeros until `initialize` draws every random parameter of a model at once:
+    one random draw for the whole model compiles in well under a second, where one draw
+    per parameter takes XLA tens of seconds to compile on CPU.
+    """
+    return param(jnp.zeros(tuple(shape), dtype), names, init=("normal", std))
+
+
+def log_uniform(
+    shape: Sequence[int], names: Sequence[str | None], *, low: float, high: float, dtype
+) -> nnx.Param:
+    """A parameter to set to log(U(low, high)) by `initialize` (DeltaNet's A_log)."""
+    return param(jnp.zeros(tuple(shape), dtype), names, init=("log_uniform", low, high))
+
+
+def initialize(module: nnx.Module, key: jax.Array) -> None:
+    """Draws every parameter created by `normal` / `log_uniform` in `module`, in place."""
+    variables = [
+        v
+        for _, v in sorted(nnx.iter_graph(module), key=lambda item: str(item[0]))
+        if isinstance(v, nnx.Param) and "init" in v.get_metadata()
+    ]
+    normals = [v for v in variables if v.get_metadata()["init"][0] == "normal"]
+    uniforms = [v for v in variables if v.get_metadata()["init"][0] == "log_uniform"]
+
+    def draw(key):
+        k_normal, k_uniform = jax.random.split(key)
+        out = _draw(k_normal, normals, jax.random.normal, lambda z, init: z * init[1])
+        out += _draw(
+            k_uniform,
+            uniforms,
+            jax.random.uniform,
+            lambda z, init: jnp.log(init[1] + (init[2] - init[1]) * z),
+        )
+        return out
+
+    values = jax.jit(draw)(key)
+    for var, value in zip(normals + uniforms, values):
+        meta_ = var.get_metadata()
+        if meta_.get("eager_sharding"):
+            value = core_spmd.shard_value(
+                value, meta_["out_sharding"], meta_.get("sharding_rules"), meta_.get("mesh")
+            )
+        var.set_value(value)
+
+
+def _draw(key, variables, sampler, transform) -> list[jax.Array]:
+    """One flat draw split into the variables' shapes, each transformed by its init spec."""
+    if not variables:
+        return []
+    sizes = [int(v.get_value().size) for v in variables]
+    flat = sampler(key, (sum(sizes),), jnp.float32)
+    out, offset = [], 0
+    for var, size in zip(variables, sizes):
+        init = var.get_metadata()["init"]
+        chunk = transform(flat[offset : offset + size], init)
+        out.append(chunk.reshape(var.get_value().shape).astype(var.get_value().dtype))
+        offset += size
+    return out
+
+
+def constant(
+    shape: Sequence[int], names: Sequence[str | None], *, value: float, dtype: jnp.dtype
+) -> nnx.Param:
+    return param(jnp.full(tuple(shape), value, dtype), names)
+
+
+def silu(x: jax.Array) -> jax.Array:
+    return x * jax.nn.sigmoid(x)
