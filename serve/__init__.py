@@ -1,2 +1,19 @@
 """Serving: HF <-> Orbax conversion, SGLang launch, a local OpenAI-compatible server and the
-deployment replay benchmark. Never imported by training code."""
+deployment replay benchmark. Never imported by training code.
+
+Conversion (`serve.convert`): `load_hf`, `save_hf`, `read_hf_tensors`, `HFCheckpointError`;
+CLI `python -m serve.convert from-hf|to-hf`. Imported lazily, so `python -m serve.convert`
+does not load the module twice.
+"""
+
+_CONVERT = ("HFCheckpointError", "load_hf", "read_hf_tensors", "save_hf")
+
+__all__ = list(_CONVERT)
+
+
+def __getattr__(name: str):
+    if name in _CONVERT:
+        from serve import convert
+
+        return getattr(convert, name)
+    raise AttributeError(f"module 'serve' has no attribute {name!r}")
