@@ -7,8 +7,10 @@ The input is what a model wrote after the generation prompt (see `render_complet
 - no `</think>`: reasoning ends at the first tool call if there is one (a warning); otherwise the
   whole output is unfinished reasoning (an error: there is no reply to give);
 - tool calls written inside `<think>`: extracted and kept, removed from the reasoning (warning);
-- unclosed `</parameter>`, `</function>` or `</tool_call>`: closed at the next tag (warning); a
-  call cut off inside a parameter value is dropped (error), as its arguments are incomplete;
+- unclosed `</parameter>`, `</function>` or `</tool_call>`: closed at the next tag, at
+  `</think>` or at the end-of-turn token (warning); but a call still open when the output simply
+  stops (no `<|im_end|>`: the token limit) is dropped (error), as more arguments may have been
+  coming — executing half a commerce call is worse than asking again;
 - a bare `<function=...>` without `<tool_call>`, or a Qwen3-style JSON call
   `{"name": ..., "arguments": {...}}` inside `<tool_call>`: accepted (warning);
 - parameter values: strings as written; with the tool's JSON schema, coerced to the declared
@@ -37,6 +39,7 @@ _FUNCTION_TAG = re.compile(r"<function=([^>\n]*)>")
 _PARAMETER_TAG = re.compile(r"<parameter=([^>\n]*)>")
 _STRAY_TAGS = re.compile(r"</?think>|</?tool_call>|</function>|</parameter>")
 _INTEGER = re.compile(r"[-+]?\d+")
+_LITERAL_LIMIT = 10_000
 _TYPE_ORDER = ("null", "boolean", "integer", "number", "object", "array", "string")
 
 
@@ -115,13 +118,15 @@ def parse(
         return ParsedTurn("", "", [], report.errors, report.warnings)
     try:
         schemas = _parameter_schemas(tools)
-        reasoning, rest = _split_thinking(_strip_stop(text, report), enable_thinking, report)
+        body, stopped = _strip_stop(text, report)
+        reasoning, rest = _split_thinking(body, enable_thinking, report)
+        # Inside think a call runs at most to </think>: the model moved on, it was not cut off.
         think_calls, reasoning = _extract_calls(reasoning, schemas, report, in_think=True)
         if think_calls:
             report.warnings.append(
                 f"{len(think_calls)} tool call(s) written inside <think>; accepted"
             )
-        calls, content = _extract_calls(rest, schemas, report)
+        calls, content = _extract_calls(rest, schemas, report, may_be_cut=not stopped)
         content = _drop_stray_tags(content, "content", report)
         reasoning = _drop_stray_tags(reasoning, "reasoning", report)
     except Exception as e:  # the agent loop must survive any model output
@@ -130,17 +135,17 @@ def parse(
     return ParsedTurn(reasoning, content, think_calls + calls, report.errors, report.warnings)
 
 
-def _strip_stop(text: str, report: _Report) -> str:
-    """Cuts the output at the first `<|im_end|>` (or `<|endoftext|>`)."""
+def _strip_stop(text: str, report: _Report) -> tuple[str, bool]:
+    """Cuts the output at the first `<|im_end|>` (or `<|endoftext|>`); says if there was one."""
     cut = min(
         (i for i in (text.find(fmt.IM_END), text.find(fmt.END_OF_TEXT)) if i >= 0), default=-1
     )
     if cut < 0:
-        return text
+        return text, False
     tail = text[cut:].replace(fmt.IM_END, "").replace(fmt.END_OF_TEXT, "")
     if tail.strip():
         report.warnings.append("text after the end-of-turn token ignored")
-    return text[:cut]
+    return text[:cut], True
 
 
 def _split_thinking(text: str, enable_thinking: bool, report: _Report) -> tuple[str, str]:
@@ -163,9 +168,18 @@ def _split_thinking(text: str, enable_thinking: bool, report: _Report) -> tuple[
 
 
 def _extract_calls(
-    text: str, schemas: dict[str, dict[str, Any]], report: _Report, *, in_think: bool = False
+    text: str,
+    schemas: dict[str, dict[str, Any]],
+    report: _Report,
+    *,
+    in_think: bool = False,
+    may_be_cut: bool = False,
 ) -> tuple[list[ToolCall], str]:
-    """Pulls every tool call out of `text`; returns the calls and the remaining text."""
+    """Pulls every tool call out of `text`; returns the calls and the remaining text.
+
+    With `may_be_cut` (the output has no end-of-turn token), a call still open at the end of
+    the text may have been cut off by the token limit and is dropped unless `</function>` came.
+    """
     calls: list[ToolCall] = []
     kept: list[str] = []
     pos = 0
@@ -182,7 +196,8 @@ def _extract_calls(
             )
             # A closed bare function counts as a closed call: its missing wrapper is reported.
             body = body + fmt.FUNCTION_CLOSE if closed else body
-        call = _parse_call(body, closed, schemas, report)
+        cut = may_be_cut and not closed and pos == len(text)
+        call = _parse_call(body, closed, cut, schemas, report)
         if call is not None:
             calls.append(call)
     kept.append(text[pos:])
@@ -211,7 +226,7 @@ def _block(
 
 
 def _parse_call(
-    body: str, closed: bool, schemas: dict[str, dict[str, Any]], report: _Report
+    body: str, closed: bool, cut: bool, schemas: dict[str, dict[str, Any]], report: _Report
 ) -> ToolCall | None:
     if body.strip().startswith("{"):
         return _parse_json_call(body, report)
@@ -230,9 +245,13 @@ def _parse_call(
     if fn_closed and body[fn_end + len(fmt.FUNCTION_CLOSE) :].strip():
         report.warnings.append(f"text after </function> in the call to {name!r} ignored")
     fn_body = body[tag.end() : fn_end if fn_closed else len(body)]
-    arguments = _parse_parameters(name, fn_body, closed or fn_closed, schemas, report)
-    if arguments is None:
+    if cut and not fn_closed:
+        last = list(_PARAMETER_TAG.finditer(fn_body))[-1:]
+        inside = last and fmt.PARAMETER_CLOSE not in fn_body[last[0].end() :]
+        where = f"inside parameter {last[0].group(1).strip()!r}" if inside else "before </function>"
+        report.errors.append(f"call to {name!r} cut off {where} (output ended); dropped")
         return None
+    arguments = _parse_parameters(name, fn_body, schemas, report)
     if not (closed and fn_closed):
         missing = " and ".join(
             t
@@ -244,9 +263,9 @@ def _parse_call(
 
 
 def _parse_parameters(
-    name: str, body: str, closed: bool, schemas: dict[str, dict[str, Any]], report: _Report
-) -> dict[str, Any] | None:
-    """Decodes `<parameter=K>\\nV\\n</parameter>` blocks; None when the call was cut off."""
+    name: str, body: str, schemas: dict[str, dict[str, Any]], report: _Report
+) -> dict[str, Any]:
+    """Decodes `<parameter=K>\\nV\\n</parameter>` blocks; an unclosed one ends at the next."""
     arguments: dict[str, Any] = {}
     tags = list(_PARAMETER_TAG.finditer(body))
     if body[: tags[0].start() if tags else len(body)].strip():
@@ -256,9 +275,6 @@ def _parse_parameters(
         limit = tags[k + 1].start() if k + 1 < len(tags) else len(body)
         end = body.find(fmt.PARAMETER_CLOSE, tag.end(), limit)
         if end < 0:
-            if k + 1 == len(tags) and not closed:
-                report.errors.append(f"call to {name!r} cut off inside parameter {key!r}; dropped")
-                return None
             report.warnings.append(f"parameter {key!r} of {name!r} missing </parameter>; closed")
             end = limit
         elif body[end + len(fmt.PARAMETER_CLOSE) : limit].strip():
@@ -396,7 +412,9 @@ def _decode_as(value: str, kind: str) -> tuple[Any, bool]:
 def _decode_container(value: str, kinds: tuple[str, ...]) -> tuple[Any, bool]:
     """JSON (or, failing that, a Python literal) that decodes to one of `kinds`."""
     wanted = tuple(dict if k == "object" else list for k in kinds)
-    for decode in (json.loads, ast.literal_eval):
+    # Python literals are a repair for small values; parsing a long one is too slow to risk.
+    decoders = (json.loads, ast.literal_eval) if len(value) <= _LITERAL_LIMIT else (json.loads,)
+    for decode in decoders:
         try:
             decoded = decode(value.strip())
             if decode is ast.literal_eval:  # tuples, sets, bytes...: keep only what JSON holds

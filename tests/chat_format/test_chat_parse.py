@@ -260,7 +260,7 @@ def test_explicit_think_open_and_stop_tokens():
     [
         (CALL + "</function>", "missing </tool_call>"),
         (CALL + "</tool_call>", "missing </function>"),
-        (CALL, "missing </function> and </tool_call>"),
+        (CALL + "<|im_end|>", "missing </function> and </tool_call>"),
         (
             "<tool_call>\n<function=check_inventory>\n<parameter=product_id>\np1\n"
             "<parameter=quantity>\n2\n</parameter>\n</function>\n</tool_call>",
@@ -275,10 +275,21 @@ def test_unclosed_xml_is_closed_when_the_call_is_complete(text, warning):
     assert any(warning in w for w in parsed.warnings), parsed.warnings
 
 
-def test_a_call_cut_off_inside_a_value_is_dropped():
+def test_a_call_cut_off_by_the_token_limit_is_dropped():
     parsed = parse("r</think>ok\n<tool_call>\n<function=f>\n<parameter=text>\nhal", TOOLS)
     assert parsed.tool_calls == [] and parsed.content == "ok"
-    assert parsed.errors == ["call to 'f' cut off inside parameter 'text'; dropped"]
+    assert parsed.errors == ["call to 'f' cut off inside parameter 'text' (output ended); dropped"]
+    # Every parameter closed, but no </function>: more parameters may have been coming.
+    parsed = parse("r</think>" + CALL, TOOLS)
+    assert parsed.tool_calls == []
+    assert parsed.errors == [
+        "call to 'check_inventory' cut off before </function> (output ended); dropped"
+    ]
+    # The same text ended by the model itself is a complete (if sloppy) call.
+    assert len(parse("r</think>" + CALL + "<|im_end|>", TOOLS).tool_calls) == 1
+    # So is an open call inside think, which </think> ends.
+    in_think = parse(CALL + "</think>\n\nOne moment.", TOOLS)
+    assert [c.name for c in in_think.tool_calls] == ["check_inventory"] and not in_think.errors
 
 
 def test_two_unclosed_calls_in_a_row_are_both_recovered():
