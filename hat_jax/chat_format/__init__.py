@@ -13,7 +13,10 @@ and tools are OpenAI function schemas `{"type": "function", "function": {"name",
 "description", "parameters"}}`.
 
 - `render` gives the text the Qwen3.5 chat template gives (`CHAT_TEMPLATE`, the same format as
-  a Jinja file, renders identically through `tokenizer.apply_chat_template`).
+  a Jinja file, renders identically through `tokenizer.apply_chat_template`). Reasoning is kept
+  (as `<think>\\n...\\n</think>\\n\\n`) only on assistant turns after the last user query — the
+  last user message that is not a wrapped `<tool_response>` — and dropped from earlier ones,
+  unless `preserve_thinking=True`.
 - `render_tokens` gives the token ids of that text and a loss mask that is 1 exactly on the
   assistant's own tokens.
 - `render_completion` gives what a model writes for one assistant message after the generation
