@@ -21,7 +21,7 @@ canonical names; `HarnessState.resolve_tool` is the single place surface names a
 
 import pathlib
 
-from hat_jax.harness._deadline import DeadlineExceeded
+from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline
 from hat_jax.harness._errors import PolicyError, ToolDenied, ToolError, ToolTimeout
 from hat_jax.harness._factcheck import Evidence, unsupported_claims
 from hat_jax.harness._frozen import FrozenDict, content_hash, freeze, thaw
@@ -167,6 +167,7 @@ __all__ = [
     "WorldError",
     "as_state",
     "bind_mcp_tools",
+    "call_with_deadline",
     "build_system_prompt",
     "build_user_message",
     "builtin_toolbox",

@@ -1,48 +1,35 @@
 """The agent loop: one small state machine over the Harness, the policy and the tools.
 
-    start ──► RunAgain ──► model round ──► RunAgain (tool results / hook message) ─┐
-                 ▲                     ├─► Final (a reply passed every hook)         │
-                 └─────────────────────┼─► Recover (limits, retries exhausted) ──► Final
-                                       └───────────────────────────────────────────┘
+    start ─► RunAgain ─► model round ─┬─► RunAgain (tool results or a hook message)
+                                      ├─► Final    (a reply passed every hook)
+                                      └─► Recover  (limits, retries exhausted) ─► Final
 
-Each step returns a typed next step. Policy calls run under the remaining trajectory budget,
-tool calls under the per-call timeout; a failed or timed-out call becomes an error result the
-policy can react to (per-call fallback). When recovery fails (rounds or budget exhausted, hook
-retries used up, the policy failing twice) the Harness's fallback decides: a conservative reply
-or silence (trajectory-level recovery). Behaviour lives in hooks and Harness data, not here.
+Each transition returns a typed next step. Policy calls run under the remaining trajectory
+budget and tool calls under the per-call timeout (`_dispatch`); a failed or timed-out call is
+an error result the policy can react to (per-call fallback). When recovery fails (rounds or
+budget exhausted, hook retries used up, the policy failing twice) the Harness's fallback decides
+between a conservative reply and silence (trajectory-level recovery). Behaviour lives in hooks
+and Harness data, not in `if`s here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline
-from hat_jax.harness._errors import ToolError
+from hat_jax.harness import _dispatch
+from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline, covered
 from hat_jax.harness._factcheck import Evidence
-from hat_jax.harness._hooks import (
-    CallSubject,
-    HookContext,
-    HookRunner,
-    ReplyCandidate,
-    ResultSubject,
-    Violation,
-)
-from hat_jax.harness._policy import AssistantTurn, PolicyModel, SamplingParams, ToolCall
-from hat_jax.harness._prompt import (
-    build_system_prompt,
-    build_user_message,
-    render_skill,
-    tool_schemas,
-)
+from hat_jax.harness._hooks import HookContext, HookRunner, ReplyCandidate
+from hat_jax.harness._policy import AssistantTurn, PolicyModel, SamplingParams
+from hat_jax.harness._prompt import build_system_prompt, build_user_message, tool_schemas
 from hat_jax.harness._request import Request, RequestContext
-from hat_jax.harness._spec import FLOW_TOOLS, LOAD_SKILL, NO_REPLY, REPLY_PUBLIC, Harness
+from hat_jax.harness._spec import Harness
 from hat_jax.harness._state import HarnessState, as_state
-from hat_jax.harness._trajectory import Fault, FinalReply, ModelCall, ToolRecord, Trajectory
+from hat_jax.harness._trajectory import Fault, FinalReply, ModelCall, Trajectory
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,9 +70,6 @@ class Recover:
     hook: str | None = None
 
 
-_HOOK_ERRORS = {"known_tool": "unknown_tool", "check_tool_arguments": "invalid_arguments"}
-
-
 def run_agent(
     harness_state: HarnessState | Harness,
     request: Request,
@@ -105,8 +89,14 @@ def run_agent(
       limits: rounds, time budget, per-tool timeout (default `Limits()`).
       sampling: passed through to the policy (default `SamplingParams()`).
     """
-    limits, sampling = limits or Limits(), sampling or SamplingParams()
-    run = _Run(as_state(harness_state), request, policy, tools, limits, sampling)
+    run = _Run(
+        as_state(harness_state),
+        request,
+        policy,
+        tools,
+        limits or Limits(),
+        sampling or SamplingParams(),
+    )
     step = run.start()
     while isinstance(step, RunAgain):
         step = run.model_round()
@@ -126,17 +116,8 @@ def _context_evidence(context: RequestContext) -> Evidence:
     return evidence
 
 
-def _tool_message(call: ToolCall, result: Any) -> dict[str, Any]:
-    content = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
-    return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
-
-
-def _error(kind: str, message: str) -> dict[str, Any]:
-    return {"error": {"type": kind, "message": message}}
-
-
 class _Run:
-    """Mutable state of one trajectory; each method is one transition of the state machine."""
+    """Mutable state of one trajectory; each public method is one transition."""
 
     def __init__(self, state, request, policy, tools, limits, sampling):
         self.state, self.request, self.policy, self.tools = state, request, policy, tools
@@ -153,16 +134,13 @@ class _Run:
             request={"comments": [c.to_dict() for c in request.comments]},
             harness={"name": h.name, "release": h.release, "version": h.version},
             renames=state.renames.to_dict(),
-            limits=dataclasses.asdict(limits),
+            limits={f.name: getattr(limits, f.name) for f in dataclasses.fields(limits)},
             started_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         )
 
-    def _events(self, result) -> None:
-        self.traj.hook_events += result.events
-
     def start(self) -> RunAgain | Recover:
         res = self.hooks.run("input", self.ctx, self.request, round=0, label="request")
-        self._events(res)
+        self.traj.hook_events += res.events
         self.request = self.ctx.request = res.subject
         if res.violation or not self.request.comments:
             return Recover(
@@ -177,11 +155,11 @@ class _Run:
         return RunAgain("start")
 
     def model_round(self) -> RunAgain | Final | Recover:
+        remaining = self.deadline - time.perf_counter()
         if self.round >= self.max_rounds:
             return Recover(
                 "max_rounds", f"{self.max_rounds} model rounds used without a valid reply"
             )
-        remaining = self.deadline - time.perf_counter()
         if remaining <= 0:
             return Recover("budget", f"trajectory budget of {self.limits.budget_s} s spent")
         self.round += 1
@@ -217,177 +195,63 @@ class _Run:
         self.model_s += record.elapsed_s
         record.output = turn.to_dict()
         self.messages.append(turn.to_message())
-        return self._handle_turn(turn)
+        return self._act(turn)
 
-    def _handle_turn(self, turn: AssistantTurn) -> RunAgain | Final | Recover:
+    def _act(self, turn: AssistantTurn) -> RunAgain | Final | Recover:
+        """Runs a turn's tool calls (two passes, see `_dispatch`) and checks its replies."""
         self.ctx.pending = set()
         followups: list[dict[str, Any]] = []
         res = self.hooks.run(
             "before_tool", self.ctx, turn, round=self.round, label="output", kind="turn"
         )
-        self._events(res)
-        if res.violation:
-            if not self._may_continue(res.violation):
-                return Recover("retries_exhausted", res.violation.detail, res.violation.rule.name)
-            followups.append({"role": "user", "content": res.violation.message})
-        slots: list[dict[str, Any] | None] = []
-        replies: list[tuple[int | None, ReplyCandidate]] = []
+        self.traj.hook_events += res.events
+        if v := res.violation:
+            if v.action != "retry" or not self.hooks.allow_retry(v.rule):
+                return Recover("retries_exhausted", v.detail, v.rule.name)
+            followups.append({"role": "user", "content": v.message})
+        slots, replies = [], []
         for i, call in enumerate(turn.tool_calls):
-            if i >= self.limits.max_calls_per_round:
-                slots.append(
-                    _tool_message(
-                        call,
-                        _error(
-                            "too_many_calls",
-                            f"at most {self.limits.max_calls_per_round} calls per round",
-                        ),
-                    )
+            out = (
+                _dispatch.tool_message(
+                    call,
+                    _dispatch.error(
+                        "too_many_calls",
+                        f"at most {self.limits.max_calls_per_round} calls per round",
+                    ),
                 )
-                continue
-            out = self._tool_call(call)
-            if isinstance(out, Recover):
-                return out
+                if i >= self.limits.max_calls_per_round
+                else _dispatch.dispatch(self, call)
+            )
+            if isinstance(out, _dispatch.Exhausted):
+                return Recover("retries_exhausted", out.detail, out.hook)
             if isinstance(out, ReplyCandidate):
                 replies.append((i, out))
                 out = None
             slots.append(out)
+        intervals: list[tuple[float, float]] = []
+        slots = [
+            _dispatch.collect(self, s, intervals) if isinstance(s, _dispatch.Started) else s
+            for s in slots
+        ]
+        self.tool_s += covered(intervals)
         if not turn.tool_calls and turn.content.strip() and not turn.parse_errors:
             replies.append((None, ReplyCandidate(channel="public", text=turn.content)))
-        step: RunAgain | Final | Recover = RunAgain("tool_results")
-        if replies:
-            step = self._check_replies(turn.tool_calls, replies, slots, followups)
+        step = (
+            self._check_replies(turn, replies, slots, followups)
+            if replies
+            else RunAgain("tool_results")
+        )
         if not isinstance(step, Final):
             self.messages += [m for m in slots if m is not None] + followups
         return step
 
-    def _may_continue(self, violation: Violation) -> bool:
-        return violation.action == "retry" and self.hooks.allow_retry(violation.rule)
-
-    def _tool_call(self, call: ToolCall) -> dict[str, Any] | ReplyCandidate | Recover:
-        canonical = self.state.resolve_tool(call.name)
-        spec = self.state.harness.tool(call.name) if canonical else None
-        args = dict(call.arguments) if isinstance(call.arguments, Mapping) else call.arguments
-        rec = ToolRecord(
-            round=self.round,
-            call_id=call.id,
-            name=call.name,
-            canonical=canonical,
-            arguments=args,
-            started_s=time.perf_counter() - self.t0,
-        )
-        self.traj.tool_calls.append(rec)
-        res = self.hooks.run(
-            "before_tool",
-            self.ctx,
-            CallSubject(call, canonical, spec),
-            round=self.round,
-            label=call.name,
-        )
-        self._events(res)
-        if v := res.violation:
-            rec.error = _HOOK_ERRORS.get(v.rule.name, "not_allowed")
-            rec.result = _error(rec.error, v.message)
-            if v.action == "retry" and not self.hooks.allow_retry(v.rule):
-                return Recover("retries_exhausted", v.detail, v.rule.name)
-            return _tool_message(call, rec.result)
-        if canonical in FLOW_TOOLS:
-            return self._flow(call, canonical, rec)
-        return self._execute(call, canonical, spec, rec)
-
-    def _flow(
-        self, call: ToolCall, canonical: str, rec: ToolRecord
-    ) -> dict[str, Any] | ReplyCandidate:
-        args = call.arguments if isinstance(call.arguments, Mapping) else {}
-        if canonical == LOAD_SKILL:
-            skill = self.state.harness.skill(str(args.get("name", "")))
-            if skill is None:
-                rec.error = "tool_error"
-                rec.result = _error(
-                    "unknown_skill",
-                    f"There is no Skill named {args.get('name')!r}; "
-                    f"Skills: {', '.join(self.state.harness.skill_names)}.",
-                )
-            else:
-                if skill.name not in self.ctx.loaded_skills:
-                    self.ctx.loaded_skills.append(skill.name)
-                rec.result = render_skill(self.state, skill)
-            return _tool_message(call, rec.result)
-        self.ctx.pending.add(canonical)
-        if canonical == NO_REPLY:
-            return ReplyCandidate(channel="none", text=str(args.get("reason", "")), call_id=call.id)
-        channel = "public" if canonical == REPLY_PUBLIC else "private"
-        return ReplyCandidate(channel=channel, text=str(args.get("text", "")), call_id=call.id)
-
-    def _execute(self, call: ToolCall, canonical: str, spec, rec: ToolRecord) -> dict[str, Any]:
-        fn = self.tools.get(canonical)
-        if fn is None:
-            rec.error, rec.result = (
-                "no_executor",
-                _error("unavailable", f"{call.name} is unavailable right now"),
-            )
-            self.traj.faults.append(Fault(round=self.round, kind="no_executor", detail=canonical))
-            return _tool_message(call, rec.result)
-        context = self.request.tool_context()
-        given = call.arguments if isinstance(call.arguments, Mapping) else {}
-        args = {**given, **{k: context[k] for k in spec.context_args}}
-        rec.injected = list(spec.context_args)
-        timeout = max(0.0, min(self.limits.tool_timeout_s, self.deadline - time.perf_counter()))
-        error = None
-        try:
-            value, elapsed = call_with_deadline(lambda: fn(args), timeout)
-        except DeadlineExceeded:
-            error, elapsed = "timeout", timeout
-            value = _error(
-                "timeout",
-                f"{call.name} did not answer within {timeout:.1f} s; try again or answer without it",
-            )
-            self.traj.faults.append(Fault(round=self.round, kind="tool_timeout", detail=call.name))
-        except ToolError as err:
-            error, elapsed, value = err.kind, 0.0, _error(err.kind, str(err))
-            if err.kind == "timeout":
-                self.traj.faults.append(
-                    Fault(round=self.round, kind="tool_timeout", detail=call.name)
-                )
-        except Exception as err:  # noqa: BLE001 - a crashing executor must not crash the loop
-            error, elapsed, value = (
-                "exception",
-                0.0,
-                _error("tool_failed", f"{call.name} failed unexpectedly"),
-            )
-            self.traj.faults.append(
-                Fault(
-                    round=self.round,
-                    kind="tool_exception",
-                    detail=f"{call.name}: {type(err).__name__}: {err}"[:300],
-                )
-            )
-        self.tool_s += elapsed
-        res = self.hooks.run(
-            "after_tool",
-            self.ctx,
-            ResultSubject(call, canonical, value, error),
-            round=self.round,
-            label=call.name,
-        )
-        self._events(res)
-        value, error = res.subject.result, res.subject.error
-        if error == "malformed":
-            self.traj.faults.append(
-                Fault(round=self.round, kind="malformed_result", detail=call.name)
-            )
-        if error is None:
-            self.ctx.evidence.add(value)
-            self.ctx.performed.add(canonical)
-        rec.result, rec.error, rec.elapsed_s = value, error, elapsed
-        return _tool_message(call, value)
-
-    def _check_replies(self, calls, replies, slots, followups) -> Final | RunAgain | Recover:
+    def _check_replies(self, turn, replies, slots, followups) -> Final | RunAgain | Recover:
         passed, failed = [], {}
         for index, cand in replies:
             res = self.hooks.run(
                 "before_reply", self.ctx, cand, round=self.round, label=cand.channel
             )
-            self._events(res)
+            self.traj.hook_events += res.events
             if res.violation:
                 failed[index] = res.violation
             else:
@@ -413,22 +277,20 @@ class _Run:
                 followups.append({"role": "user", "content": text})
             else:
                 result = (
-                    _error("rejected", text) if v else {"status": "not_delivered", "message": text}
+                    _dispatch.error("rejected", text)
+                    if v
+                    else {"status": "not_delivered", "message": text}
                 )
-                slots[index] = _tool_message(calls[index], result)
+                slots[index] = _dispatch.tool_message(turn.tool_calls[index], result)
         return RunAgain("hook_retry")
 
     def recover(self, step: Recover) -> Final:
         self.traj.faults.append(Fault(round=self.round, kind=step.fault, detail=step.detail))
         fallback = self.state.harness.hooks.fallback
-        reasons = {step.fault, step.hook}
-        if fallback.on_failure == "suppress" or reasons & set(fallback.suppress_on):
+        if fallback.on_failure == "suppress" or {step.fault, step.hook} & set(fallback.suppress_on):
             return Final((), fallback=True, end=f"suppressed:{step.fault}")
-        return Final(
-            (ReplyCandidate(channel="public", text=fallback.conservative_reply),),
-            fallback=True,
-            end=f"fallback:{step.fault}",
-        )
+        reply = ReplyCandidate(channel="public", text=fallback.conservative_reply)
+        return Final((reply,), fallback=True, end=f"fallback:{step.fault}")
 
     def finish(self, step: Final) -> Trajectory:
         texts: dict[str, list[str]] = {"public": [], "private": [], "none": []}
@@ -436,18 +298,16 @@ class _Run:
             res = self.hooks.run(
                 "end_of_turn", self.ctx, cand, round=self.round, label=cand.channel
             )
-            self._events(res)
+            self.traj.hook_events += res.events
             if res.subject.text.strip() or cand.channel == "none":
                 texts[cand.channel].append(res.subject.text.strip())
         public, private = " ".join(texts["public"]) or None, " ".join(texts["private"]) or None
-        total = time.perf_counter() - self.t0
-        traj = self.traj
+        total, traj = time.perf_counter() - self.t0, self.traj
         raw = traj.request["comments"]
         traj.request = self.request.to_dict()
         if raw != traj.request["comments"]:
             traj.request["raw_comments"] = raw
-        traj.loaded_skills = list(self.ctx.loaded_skills)
-        traj.messages = self.messages
+        traj.loaded_skills, traj.messages = list(self.ctx.loaded_skills), self.messages
         traj.final = FinalReply(
             public=public,
             private=private,

@@ -7,13 +7,12 @@ never chooses coupon amounts: the server picks the best campaign the viewer is e
 
 Run it standalone (stdio by default, or streamable HTTP):
 
-    python -m hat_jax.harness._marketing --world data/livestream
-    python -m hat_jax.harness._marketing --world data/livestream --transport streamable-http --port 8765
+    python -m hat_jax.harness.serve_marketing --world data/livestream
+    python -m hat_jax.harness.serve_marketing --world data/livestream --transport streamable-http --port 8765
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import pathlib
 import sys
@@ -167,29 +166,9 @@ def marketing_server_params(world_dir: str | pathlib.Path) -> StdioServerParamet
         command=sys.executable,
         args=[
             "-m",
-            "hat_jax.harness._marketing",
+            "hat_jax.harness.serve_marketing",
             "--world",
             str(pathlib.Path(world_dir).resolve()),
         ],
         cwd=str(pathlib.Path(__file__).resolve().parents[2]),
     )
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Serve the bundled marketing tools over MCP.")
-    parser.add_argument(
-        "--world", required=True, help="World folder (catalog.json, marketing.json, ...)."
-    )
-    parser.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
-    args = parser.parse_args(argv)
-    server = marketing_server(args.world)
-    if args.transport == "stdio":
-        server.run()
-    else:
-        server.run(transport="streamable-http", host=args.host, port=args.port)
-
-
-if __name__ == "__main__":
-    main()

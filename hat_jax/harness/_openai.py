@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from hat_jax import chat_format
 from hat_jax.harness._errors import PolicyError
 from hat_jax.harness._policy import AssistantTurn, SamplingParams, ToolCall
 
@@ -40,16 +41,8 @@ def _to_wire(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _parse_text_calls(content: str) -> tuple[str, str, list[ToolCall], list[str]]:
-    try:
-        from hat_jax.chat_format import parse
-    except ImportError:
-        return (
-            content,
-            "",
-            [],
-            ["the reply contains tool calls as text, and no chat-format parser is installed"],
-        )
-    parsed = parse(content)
+    """Tool calls written as text (a server without a tool-call parser), via the chat format."""
+    parsed = chat_format.parse(content)
     calls = [
         ToolCall(id=f"call_text_{i}", name=c.name, arguments=dict(c.arguments))
         for i, c in enumerate(parsed.tool_calls)
@@ -59,12 +52,8 @@ def _parse_text_calls(content: str) -> tuple[str, str, list[ToolCall], list[str]
 
 def turn_from_message(message: Mapping[str, Any]) -> AssistantTurn:
     """Chat-completions `choices[0].message` -> `AssistantTurn` (errors become parse errors)."""
-    raw = message.get("content") or ""
-    content = raw
+    raw = content = message.get("content") or ""
     reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-    if "<think>" in content or "</think>" in content:
-        reasoning = "\n".join([reasoning, *_THINK.findall(content)]).strip()
-        content = _THINK.sub("", content).split("</think>")[-1].strip()
     calls, errors = [], []
     for i, c in enumerate(message.get("tool_calls") or ()):
         fn = c.get("function") or {}
@@ -79,10 +68,13 @@ def turn_from_message(message: Mapping[str, Any]) -> AssistantTurn:
             errors.append(f"tool call {i} needs a name and an object of arguments")
             continue
         calls.append(ToolCall(id=c.get("id") or f"call_{i}", name=name, arguments=args))
-    if not calls and "<tool_call>" in content:
-        content, extra, calls, more = _parse_text_calls(content)
+    if not calls and not errors and "<tool_call>" in raw:
+        # No server-side tool parser: read calls (even inside think) with the chat format.
+        content, extra, calls, errors = _parse_text_calls(raw)
         reasoning = "\n".join(x for x in (reasoning, extra) if x)
-        errors += more
+    elif "<think>" in content or "</think>" in content:
+        reasoning = "\n".join([reasoning, *_THINK.findall(content)]).strip()
+        content = _THINK.sub("", content).split("</think>")[-1].strip()
     return AssistantTurn(
         content=content,
         reasoning=reasoning,

@@ -69,11 +69,16 @@ class AssistantTurn:
         return msg
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["tool_calls"] = [c.to_message() for c in self.tool_calls]
-        for key in ("token_ids", "logprobs", "tool_calls", "parse_errors"):
-            d[key] = list(d[key]) if d[key] is not None else None
-        return d
+        """JSON data of the turn (for trajectories)."""
+        return {
+            "content": self.content,
+            "reasoning": self.reasoning,
+            "tool_calls": [c.to_message() for c in self.tool_calls],
+            "raw_text": self.raw_text,
+            "token_ids": list(self.token_ids) if self.token_ids is not None else None,
+            "logprobs": list(self.logprobs) if self.logprobs is not None else None,
+            "parse_errors": list(self.parse_errors),
+        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

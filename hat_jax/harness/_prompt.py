@@ -121,7 +121,9 @@ def _dynamic_items(block: PromptBlock, state: HarnessState, request: Request) ->
     if block.source == "skills":
         return list(_skill_index(state))
     if block.source == "product":
-        return _product_items(ctx.product, sym) if ctx.product else ["(no product on screen)"]
+        if not ctx.product:
+            return ["(no product on screen)"]
+        return list(_per_context(ctx, "_product_items", lambda: _product_items(ctx.product, sym)))
     if block.source == "faqs":
         from hat_jax.harness._world import rank_faq
 
@@ -129,7 +131,9 @@ def _dynamic_items(block: PromptBlock, state: HarnessState, request: Request) ->
         hits = rank_faq(query, ctx.faq_pool, prompt.constraint("faq_top_k"))
         return [f"Q: {f['q']} A: {f['a']}" for f in hits] or ["(no related FAQ)"]
     if block.source == "room":
-        return _room_items(ctx.room) if ctx.room else ["(no live-room state)"]
+        if not ctx.room:
+            return ["(no live-room state)"]
+        return list(_per_context(ctx, "_room_items", lambda: _room_items(ctx.room)))
     if block.source == "history":
         n = prompt.constraint("history_turns")
         turns = ctx.history[-n:] if n else ()
@@ -138,6 +142,15 @@ def _dynamic_items(block: PromptBlock, state: HarnessState, request: Request) ->
         ]
         return lines or ["(no earlier conversation)"]
     return []
+
+
+def _per_context(ctx, key: str, make):
+    """Caches a rendering on the (immutable) request context: one context serves many runs."""
+    value = ctx.__dict__.get(key)
+    if value is None:
+        value = tuple(make())
+        object.__setattr__(ctx, key, value)
+    return value
 
 
 @functools.lru_cache(maxsize=256)

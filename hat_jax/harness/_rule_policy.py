@@ -32,12 +32,14 @@ _INTENTS = {
     "price": r"\bprice|how much|\bcosts?\b|\bcheap|\bdeal\b|\bdiscount|多少钱|价格",
     "stock": r"\bstock\b|\bavailable\b|sold out|\bany left\b|\bleft\b|还有",
     "shipping": r"\bship|\bdeliver|\barriv|\bcourier\b|\bexpress\b|\bpostage\b",
-    "specs": r"\bsize\b|\bmaterial|\bingredient|\bspecs?\b|\bweight\b|\bbattery\b|\bcolou?rs?\b|\bfit\b|waterproof|how (?:do|to) (?:i )?use|\bsuitable\b|work with|\bcompatible\b|\bshade\b|\b(?:does|is|can|will) it\b|\bplane\b|\bflight\b",
+    "specs": r"\bsize\b|\bmaterial|\bingredient|\bspecs?\b|\bweight\b|\bbattery\b|\bcolou?rs?\b|\bfit\b|waterproof|how (?:do|to) (?:i )?use|\bsuitable\b|work with|\bcompatible\b|\bshade\b",
     "buy": r"how (?:do|can) i (?:buy|order|get)|\bcheckout\b|add to cart|\bpurchase\b",
     "greeting": r"^(?:hi|hello|hey|good (?:morning|evening|night)|love (?:you|this|it)|thanks?|thank you|haha|wow)\b",
 }
 _INTENTS = {k: re.compile(v, re.I) for k, v in _INTENTS.items()}
 _PRODUCT_INTENTS = ("price", "stock", "shipping", "specs", "buy")
+# A question matching no intent above is treated as a product question (FAQ, then specs).
+_QUESTION = re.compile(r"\b(?:does|is|can|will|do) (?:it|they|this|these)\b|\?\s*$", re.I)
 _ORDER_ID = re.compile(r"\bDD\d{10}\b")
 
 
@@ -106,6 +108,8 @@ class RuleBasedPolicy:
     # ------------------------------------------------------------------ planning
     def _intents(self, text: str) -> list[str]:
         found = [k for k, p in _INTENTS.items() if p.search(text)]
+        if not found and _QUESTION.search(text):
+            found = ["specs"]
         if "negative" in found and "returns" in found:
             found.remove("returns")
         return found
