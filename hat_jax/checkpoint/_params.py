@@ -36,6 +36,10 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, unreadable or does not match what it is restored into."""
 
 
+class CheckpointMismatchError(CheckpointError):
+    """A readable checkpoint whose parameters do not match the target's names or shapes."""
+
+
 def _is_primary() -> bool:
     return jax.process_index() == 0
 
@@ -177,7 +181,7 @@ def _check_target(saved: Mapping[str, Any], target: Any, where: pathlib.Path) ->
     if shapes:
         problems.append("shape mismatch: " + "; ".join(shapes[:20]))
     if problems:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"parameters in {where} do not match the target: " + " | ".join(problems)
         )
 

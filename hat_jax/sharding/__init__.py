@@ -1,0 +1,63 @@
+"""Mesh and sharding: the only place in hat-jax where mesh axis names appear.
+
+A mesh over (`data`, `fsdp`, `expert`, `tensor`) built from a `MeshConfig`; rule tables that
+map the logical axis names parameters and activations carry to those mesh axes (one table for
+training parameters, one for training activations, one for sampling); sharded initialisation
+and batch placement; multi-process start-up.
+"""
+
+from hat_jax.sharding._mesh import (
+    MESH_AXES,
+    MeshConfig,
+    distributed_environment,
+    initialize_distributed,
+    make_mesh,
+)
+from hat_jax.sharding._placement import (
+    abstract_model,
+    batch_shardings,
+    batch_spec,
+    data_parallel_size,
+    global_batch,
+    init_sharded,
+    logical_names,
+    shardings_of,
+    state_shardings,
+)
+from hat_jax.sharding._rules import (
+    ACTIVATION_RULES,
+    PARAM_RULES,
+    SAMPLING_RULES,
+    Rules,
+    UnknownAxisError,
+    constrain,
+    current_rules,
+    logical_to_spec,
+    use_rules,
+)
+
+__all__ = [
+    "ACTIVATION_RULES",
+    "MESH_AXES",
+    "PARAM_RULES",
+    "SAMPLING_RULES",
+    "MeshConfig",
+    "Rules",
+    "UnknownAxisError",
+    "abstract_model",
+    "batch_shardings",
+    "batch_spec",
+    "constrain",
+    "current_rules",
+    "data_parallel_size",
+    "distributed_environment",
+    "global_batch",
+    "init_sharded",
+    "initialize_distributed",
+    "logical_names",
+    "logical_to_spec",
+    "make_mesh",
+    "shardings_of",
+    "state_shardings",
+    "use_rules",
+]

@@ -1,0 +1,103 @@
+"""The data-source interface the trainer consumes, and a synthetic packed-token source.
+
+Any iterator of dict batches with savable state plugs into the trainer (the Grain pipeline
+in `data/` is the real one). A batch is the *process-local* rows of the global batch:
+
+- `input_ids`   int32 [b, T]  token ids of packed rows
+- `loss_mask`   int32 [b, T]  1 on tokens to learn (assistant-produced), else 0
+- `segment_ids` int32 [b, T]  1, 2, ... per packed document; 0 on padding
+- `positions`   int32 [b, T]  position within its document, restarting at 0 per segment
+
+where b = global batch / `jax.process_count()`. `get_state()` returns a JSON-serialisable
+dict (or bytes / str) taken *after* the last batch returned, and `set_state(state)` resumes
+exactly there: the trainer saves it with every checkpoint.
+
+`SyntheticTokenSource` is for tests, benchmarks and plans only (its tokens follow simple
+learnable rules, so losses fall); training stages use the data pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+BATCH_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """An iterator of process-local dict batches whose position can be saved and restored."""
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]: ...
+
+    def __next__(self) -> dict[str, np.ndarray]: ...
+
+    def get_state(self) -> Any: ...
+
+    def set_state(self, state: Any) -> None: ...
+
+
+class SyntheticTokenSource:
+    """Deterministic packed rows of random "documents" (tests, benchmarks, plans).
+
+    Each document is a prompt (loss mask 0) then an answer (loss mask 1); each document's
+    tokens follow `t[i+1] = (t[i] + stride) mod vocab` with a random start and stride, so a
+    model can learn them. Batch n depends only on (seed, n, process index).
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        seq_len: int,
+        vocab_size: int,
+        seed: int = 0,
+        mean_doc_len: int = 48,
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
+        if batch_size % process_count:
+            raise ValueError(f"batch_size {batch_size} not divisible by {process_count} processes")
+        if vocab_size < 4 or seq_len < 2:
+            raise ValueError(f"need vocab_size >= 4 and seq_len >= 2, got {vocab_size}, {seq_len}")
+        self.local_batch = batch_size // process_count
+        self.seq_len, self.vocab_size, self.seed = seq_len, vocab_size, seed
+        self.mean_doc_len, self.process_index = mean_doc_len, process_index
+        self._next = 0
+
+    def __iter__(self) -> SyntheticTokenSource:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([self.seed, self._next, self.process_index])
+        self._next += 1
+        rows = [self._row(rng) for _ in range(self.local_batch)]
+        return {k: np.stack([r[k] for r in rows]).astype(np.int32) for k in BATCH_KEYS}
+
+    def _row(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        t = self.seq_len
+        row = {k: np.zeros(t, np.int64) for k in BATCH_KEYS}
+        start, segment = 0, 1
+        while start < t - 1:
+            length = min(int(rng.geometric(1.0 / self.mean_doc_len)) + 1, t - start)
+            if rng.random() < 0.1 and segment > 1:
+                break  # leave the rest of the row as padding
+            first, stride = rng.integers(1, self.vocab_size), rng.integers(1, 4)
+            span = slice(start, start + length)
+            row["input_ids"][span] = (first + stride * np.arange(length)) % self.vocab_size
+            prompt = int(rng.integers(1, max(length // 2, 1) + 1))
+            row["loss_mask"][start + prompt : start + length] = 1
+            row["segment_ids"][span] = segment
+            row["positions"][span] = np.arange(length)
+            start, segment = start + length, segment + 1
+        return row
+
+    def get_state(self) -> dict[str, int]:
+        return {"next_batch": self._next, "seed": self.seed}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"data state is for seed {state['seed']}, this source has {self.seed}")
+        self._next = int(state["next_batch"])
