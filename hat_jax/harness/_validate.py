@@ -7,9 +7,12 @@ file (or the module itself for in-memory Harnesses) and the field.
 
 from __future__ import annotations
 
+import functools
+import json
+
 import jsonschema
 
-from hat_jax.harness._frozen import thaw
+from hat_jax.harness._frozen import canonical_json, thaw
 from hat_jax.harness._hooks import HOOK_IMPLEMENTATIONS
 from hat_jax.harness._loader import Problem
 from hat_jax.harness._prompt import ROOM_FIELDS
@@ -34,6 +37,20 @@ def _check_placeholders(
             )
 
 
+@functools.lru_cache(maxsize=4096)
+def _schema_error(schema_json: str) -> tuple[str, str] | None:
+    """(where, message) of the first meta-schema violation of a schema, or None.
+
+    Meta-validation costs milliseconds per schema and derived Harnesses (HSA draws) repeat the
+    same schemas many times, so results are cached by the schema's canonical JSON.
+    """
+    try:
+        jsonschema.Draft202012Validator.check_schema(json.loads(schema_json))
+    except jsonschema.SchemaError as err:
+        return "/".join(map(str, err.absolute_path)) or "<root>", err.message
+    return None
+
+
 def _check_tools(harness: Harness, out: list[Problem]) -> None:
     seen = set()
     for i, t in enumerate(harness.tools):
@@ -42,15 +59,12 @@ def _check_tools(harness: Harness, out: list[Problem]) -> None:
             out.append(Problem(file, f"{field}.name", f"duplicate tool name {t.name!r}"))
         seen.add(t.name)
         schema = thaw(t.parameters)
-        try:
-            jsonschema.Draft202012Validator.check_schema(schema)
-        except jsonschema.SchemaError as err:
-            where = "/".join(map(str, err.absolute_path)) or "<root>"
+        error = _schema_error(canonical_json(schema))
+        if error is not None:
+            where, message = error
             out.append(
                 Problem(
-                    file,
-                    f"{field}.parameters",
-                    f"not a valid JSON Schema at {where}: {err.message}",
+                    file, f"{field}.parameters", f"not a valid JSON Schema at {where}: {message}"
                 )
             )
             continue
