@@ -1,103 +1,136 @@
 """Factual-risk checking: every figure a reply states must be backed by this request's evidence.
 
 Evidence is what the request legitimately knows: the context the prompt pipeline showed
-(product spec, retrieved FAQ, room state) and every successful tool result. Viewer comments and
-earlier host replies are not evidence. A reply's claims are the figures a viewer would act on:
-prices and amounts (`¥149`, `30 yuan`), percentages, stock counts (`12 left`), per-order
-limits, day counts and clock times. A claim is supported when its number appears in the
-evidence; money may also be the difference of two evidence amounts (a saving), a percentage the
-discount between two evidence amounts, a day count an evidence hour count / 24.
+(product spec, FAQ, room state) and every successful tool result. Viewer comments and earlier
+host replies are not evidence. Evidence is typed, so a number only supports a claim of its own
+kind: amounts of money come from price-like fields and `¥` figures, counts from stock and
+limit fields, day and hour counts from `*_days` / `*_hours` fields and "N days" text, clock
+times from timestamps. A saving or a percentage off is supported when it follows from a
+(list price, promotion price) pair of the same object.
 
-Deliberately not covered: qualitative claims ("in stock", "best seller"); the forbidden-claims
-hook handles promises, human claims and overreach by pattern.
+A reply's claims are the figures a viewer would act on: `¥149`, `30 yuan`, `25%`, `12 left`,
+`limit 2`, `7 days`, `48 hours`, `21:00` / `9 pm`. Deliberately not covered: qualitative
+claims ("in stock", "best seller"); the forbidden-claims hook handles promises, human claims
+and overreach by pattern.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
-_NUM = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
 _ISO_TIME = re.compile(r"T([01]\d|2[0-3]):([0-5]\d)")
 _CLOCK = re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])")
-_MONEY_IN_TEXT = re.compile(r"[¥￥]\s?(\d+(?:\.\d+)?)")
-_MONEY_FIELD = re.compile(
-    r'"(?:price|list_price|current_price|paid|discount|min_spend|remote_surcharge)":\s*(\d+(?:\.\d+)?)'
+_AMPM = re.compile(r"\b(1[0-2]|0?[1-9])(?::([0-5]\d))?\s?(am|pm|a\.m\.|p\.m\.)", re.I)
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
+_MONEY_KEYS = frozenset(
+    {"price", "list_price", "current_price", "paid", "discount", "min_spend", "remote_surcharge"}
+)
+_COUNT_KEYS = frozenset(
+    {"total", "limit_per_order", "winners", "remaining", "quantity", "per_viewer_limit"}
 )
 
-_CLAIMS = [
+# (kind, pattern): the first non-empty group is the figure. Used on replies and on evidence text.
+_PATTERNS = [
     ("money", re.compile(r"[¥￥]\s?(\d+(?:[.,]\d+)?)|\b(?:rmb|cny)\s?(\d+(?:\.\d+)?)", re.I)),
     ("money", re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?(?:yuan\b|rmb\b|cny\b|元|块)", re.I)),
     ("percent", re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?(?:%|percent\b)", re.I)),
     (
         "count",
         re.compile(
-            r"\b(\d+)\s+(?:(?:pieces?|units?|items?|pairs?|bottles?|sets?|packs?|sets?)\s+)?(?:left|remaining|in stock|available)\b",
+            r"\b(\d+)\s+(?:(?:pieces?|units?|items?|pairs?|bottles?|sets?|packs?)\s+)?(?:left|remaining|in stock|available)\b",
             re.I,
         ),
     ),
     ("count", re.compile(r"\bonly (\d+)\b", re.I)),
     ("count", re.compile(r"\blimit(?:ed)?(?: of| to)? (\d+)\b", re.I)),
-    ("days", re.compile(r"\b(\d+)[- ](?:working |business )?days?\b", re.I)),
+    ("days", re.compile(r"\b(?:\d+\s?[-–]\s?)?(\d+)[- ](?:working |business )?days?\b", re.I)),
+    ("days", re.compile(r"\b(\d+)\s?[-–]\s?\d+[- ](?:working |business )?days?\b", re.I)),
     ("hours", re.compile(r"\b(\d+)[- ]hours?\b", re.I)),
 ]
-_AMPM = re.compile(r"\b(1[0-2]|0?[1-9])(?::([0-5]\d))?\s?(am|pm|a\.m\.|p\.m\.)", re.I)
 
 
 def _num(text: str) -> float:
     return round(float(text.replace(",", "")), 2)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 class Evidence:
-    """Numbers, amounts and clock times this request may state. Add context and tool results
-    as they arrive; checking is cheap (sets)."""
+    """Typed figures this request may state. Add context and tool results as they arrive."""
 
     def __init__(self):
-        self.numbers: set[float] = set()
-        self.money: set[float] = set()
+        self.figures: dict[str, set[float]] = {
+            k: set() for k in ("money", "percent", "count", "days", "hours")
+        }
         self.times: set[str] = set()
-        self._derived: tuple[set[float], set[float]] | None = None
+        self.pairs: set[tuple[float, float]] = set()
 
-    def add(self, value: Any) -> None:
-        """Collects the numbers, amounts (price-like keys, `¥` figures) and clock times of a JSON
-        value. Works on its JSON text: one serialisation and a few C-level regex scans."""
-        self._derived = None
-        if value is None:
-            return
-        text = (
-            value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-        )
-        self.numbers.update(_num(m) for m in _NUM.findall(text))
-        self.money.update(_num(m) for m in _MONEY_IN_TEXT.findall(text))
-        self.money.update(_num(m) for m in _MONEY_FIELD.findall(text))
+    def add(self, value: Any, key: str = "") -> None:
+        """Walks a JSON value and records its figures by kind (see module docstring)."""
+        if _is_number(value):
+            kind = "money" if key in _MONEY_KEYS else "count" if key in _COUNT_KEYS else None
+            kind = kind or (
+                "days" if key.endswith("_days") else "hours" if key.endswith("_hours") else None
+            )
+            if kind:
+                self.figures[kind].add(round(float(value), 2))
+        elif isinstance(value, str):
+            self._add_text(value, key)
+        elif isinstance(value, Mapping):
+            self._add_mapping(value)
+        elif isinstance(value, list | tuple):
+            for v in value:
+                self.add(v, key)
+
+    def _add_mapping(self, value: Mapping[str, Any]) -> None:
+        for k, v in value.items():
+            if k == "stock" and isinstance(v, Mapping):
+                self.figures["count"].update(
+                    round(float(n), 2) for n in v.values() if _is_number(n)
+                )
+            else:
+                self.add(v, str(k))
+        list_price = value.get("list_price", value.get("price"))
+        promo = value.get("promotion")
+        for low in (
+            value.get("current_price"),
+            promo.get("price") if isinstance(promo, Mapping) else None,
+        ):
+            if _is_number(list_price) and _is_number(low) and 0 < low < list_price:
+                self.pairs.add((float(list_price), float(low)))
+
+    def _add_text(self, text: str, key: str) -> None:
+        if key.endswith("_days") or key.endswith("_hours"):
+            kind = "days" if key.endswith("_days") else "hours"
+            self.figures[kind].update(_num(m) for m in _NUMBER.findall(text))
+        for kind, pattern in _PATTERNS:
+            for match in pattern.finditer(text):
+                self.figures[kind].add(_num(next(g for g in match.groups() if g)))
         self.times.update(f"{int(h):02d}:{m}" for h, m in _ISO_TIME.findall(text))
         self.times.update(f"{int(h):02d}:{m}" for h, m in _CLOCK.findall(text))
 
     def merge(self, other: Evidence) -> None:
-        self._derived = None
-        self.numbers |= other.numbers
-        self.money |= other.money
+        for kind, values in other.figures.items():
+            self.figures[kind] |= values
         self.times |= other.times
-
-    def _pairs(self) -> tuple[set[float], set[float]]:
-        if self._derived is None:
-            amounts = sorted(self.money)
-            diffs = {round(a - b, 2) for a in amounts for b in amounts if a > b}
-            pcts = {round(100 * (a - b) / a) for a in amounts for b in amounts if a > b > 0}
-            self._derived = (diffs, pcts | {100 - p for p in pcts})
-        return self._derived
+        self.pairs |= other.pairs
 
     def supports(self, kind: str, value: float) -> bool:
-        if value in self.numbers:
+        if value in self.figures[kind]:
             return True
-        diffs, pcts = self._pairs()
         if kind == "money":
-            return value in diffs
+            return any(abs((a - b) - value) < 0.005 for a, b in self.pairs)
         if kind == "percent":
-            return round(value) in pcts
+            offs = [100 * (a - b) / a for a, b in self.pairs]
+            return any(value in (int(p), round(p), int(100 - p), round(100 - p)) for p in offs)
         if kind == "days":
-            return value * 24 in self.numbers
+            return value * 24 in self.figures["hours"]
+        if kind == "hours":
+            return value / 24 in self.figures["days"]
         return False
 
 
@@ -112,13 +145,12 @@ def _clock_claims(text: str) -> list[str]:
 def unsupported_claims(text: str, evidence: Evidence) -> list[str]:
     """The figures in `text` that `evidence` does not support, as short phrases."""
     bad: list[str] = []
-    for kind, pattern in _CLAIMS:
+    for kind, pattern in _PATTERNS:
         for match in pattern.finditer(text):
             raw = next(g for g in match.groups() if g)
-            if not evidence.supports(kind, _num(raw)):
-                phrase = match.group(0).strip()
-                if phrase not in bad:
-                    bad.append(phrase)
+            phrase = match.group(0).strip()
+            if not evidence.supports(kind, _num(raw)) and phrase not in bad:
+                bad.append(phrase)
     for t in _clock_claims(text):
         if t not in evidence.times and f"the time {t}" not in bad:
             bad.append(f"the time {t}")

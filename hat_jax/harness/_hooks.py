@@ -120,11 +120,17 @@ def _compiled(patterns: tuple[str, ...]) -> re.Pattern:
 _HANDLE = re.compile(r"[^\w.\-]+")
 
 
+_CONTROL = {"Cf": "", "Cc": " ", "Cs": "", "Co": "", "Cn": ""}
+
+
 def normalize_text(text: str, max_chars: int) -> str:
     """NFKC, control/format/private-use characters removed, whitespace collapsed, capped."""
+    # Bound the work first: a megabyte comment must cost no more than a long one.
+    text = text[: 4 * max_chars + 64]
     if not (text.isascii() and text.isprintable()):
         text = unicodedata.normalize("NFKC", text)
-        text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in text)
+        # Format characters (zero-width, bidi overrides) vanish; other controls become spaces.
+        text = "".join(_CONTROL.get(unicodedata.category(ch), ch) for ch in text)
     text = " ".join(text.split())
     if len(text) > max_chars:
         text = text[:max_chars].rsplit(" ", 1)[0].rstrip() + " ..."
@@ -432,9 +438,9 @@ _THINK = re.compile(r"<think>.*?(?:</think>|\Z)|</?think>|<tool_call>.*?(?:</too
 
 @_hook("strip_reasoning", "end_of_turn", ("modify",))
 def _strip_reasoning(ctx, rule, r: ReplyCandidate):
-    cleaned = " ".join(_THINK.sub(" ", r.text).split())
-    if cleaned == r.text:
+    if not _THINK.search(r.text):
         return None
+    cleaned = _THINK.sub(" ", r.text).strip()
     return Verdict(
         "internal reasoning removed from the reply", fix=dataclasses.replace(r, text=cleaned)
     )

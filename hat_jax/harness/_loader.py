@@ -247,7 +247,7 @@ def _load_tools(data, problems: list[Problem]):
         k: (v.get("description", "") if isinstance(v, Mapping) else str(v))
         for k, v in servers.items()
     }
-    tools, seen = [], {}
+    tools = []  # duplicates are kept here and reported by `validate`
     for i, t in enumerate(r.get(data, "tools", list) or []):
         p = f"tools[{i}]"
         name = r.get(
@@ -259,10 +259,6 @@ def _load_tools(data, problems: list[Problem]):
                 None if _TOOL_NAME.match(v) else "use 1-64 letters, digits, '_', '-', '.'"
             ),
         )
-        if name in seen:
-            r.problem(f"{p}.name", f"duplicate tool name {name!r} (first defined at {seen[name]})")
-            continue
-        seen[name] = p
         fields = dict(
             description=r.get(
                 t, "description", str, p, check=lambda v: None if v.strip() else "empty"
@@ -461,7 +457,7 @@ def load(directory: str | pathlib.Path) -> Harness:
             skills.append(skill)
     r = _Reader("harness.yaml", problems)
     name, release = r.get(meta, "name", str), r.get(meta, "release", (str, int, float))
-    if problems or None in (name, release, prompt, hooks):
+    if None in (name, release, prompt, hooks):
         raise HarnessError(problems or [Problem(str(root), "<dir>", "incomplete Harness")])
     harness = Harness(
         name=name,
@@ -474,7 +470,9 @@ def load(directory: str | pathlib.Path) -> Harness:
         description=r.get(meta, "description", str, default=""),
         source=str(root),
     )
-    if problems := validate(harness):
+    # Cross-module checks run even after file-level problems, so one pass reports everything.
+    problems += [p for p in validate(harness) if p not in problems]
+    if problems:
         raise HarnessError(problems)
     return harness
 

@@ -270,11 +270,19 @@ class RuleBasedPolicy:
             return "I'm the AI host of this live room, here to help you shop!", None
         if intent == "greeting":
             return "welcome to the live room, great to have you here!", None
-        if intent in ("price", "buy") and ok(p := r("get_price_promotion")):
-            s = _price_sentence(p)
-            if intent == "buy":
-                s += " Tap the product card below the video, pick your option and pay at checkout."
-            return s, None
+        if intent == "buy" and ok(p := r("get_price_promotion")):
+            limit = (p.get("promotion") or {}).get("limit_per_order")
+            limit = (
+                f", limit {limit} per order"
+                if limit and p["current_price"] < p["list_price"]
+                else ""
+            )
+            return (
+                "tap the product card below the video, pick your option and pay at checkout; it is "
+                f"{money(p['current_price'])} right now{limit}."
+            ), None
+        if intent == "price" and ok(p := r("get_price_promotion")):
+            return _price_sentence(p), None
         if intent == "stock" and ok(v := r("check_inventory")):
             return _stock_sentence(v), None
         if intent == "shipping" and ok(d := r("get_product_detail")):

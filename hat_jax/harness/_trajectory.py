@@ -158,7 +158,9 @@ def write_trajectories(
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        # Lone surrogates (possible in raw viewer text) are written as JSON escapes, which read
+        # back to the same string.
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             if append and path.exists():
                 with open(path, encoding="utf-8") as old:
                     for line in old:

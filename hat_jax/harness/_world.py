@@ -246,8 +246,9 @@ class World:
 
     # ----------------------------------------------------------------- requests
     def match_products(self, text: str) -> list[str]:
-        """Ids of products a text mentions by name, Chinese name or alias."""
-        low, found = text.lower(), []
+        """Ids of products a text mentions by name, Chinese name or alias (in its first 2,000
+        characters: raw comments are untrusted and may be huge)."""
+        low, found = text[:2000].lower(), []
         for p in self.products.values():
             for alias in (p["name"], p.get("name_zh", ""), *p["aliases"]):
                 a = alias.lower()

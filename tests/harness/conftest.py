@@ -1,0 +1,58 @@
+"""Fixtures for the Harness runtime tests: the bundled world, Harness v0, tools and helpers."""
+
+import pathlib
+import shutil
+
+import pytest
+
+from hat_jax import harness as hx
+from tests.harness._helpers import Spy
+
+
+@pytest.fixture(scope="session")
+def world_dir() -> pathlib.Path:
+    return hx.default_world_dir()
+
+
+@pytest.fixture(scope="session")
+def harness(world_dir) -> hx.Harness:
+    return hx.load(world_dir)
+
+
+@pytest.fixture(scope="session")
+def world(world_dir) -> hx.World:
+    return hx.load_world(world_dir)
+
+
+@pytest.fixture
+def state(harness) -> hx.HarnessState:
+    return hx.HarnessState(harness=harness)
+
+
+@pytest.fixture
+def tools(world) -> hx.Toolbox:
+    return hx.builtin_toolbox(world)
+
+
+@pytest.fixture
+def harness_copy(world_dir, tmp_path) -> pathlib.Path:
+    """A writable copy of Harness v0 for edits that must fail (or pass) validation."""
+    dest = tmp_path / "harness"
+    shutil.copytree(world_dir / "harness", dest)
+    return dest
+
+
+@pytest.fixture
+def request_for(world):
+    """`request_for(text, viewer="v1001", **kw)`: a request from the bundled world."""
+
+    def make(text: str, viewer: str = "v1001", **kwargs) -> hx.Request:
+        handle = world.viewers[viewer]["handle"] if viewer in world.viewers else viewer
+        return world.make_request(hx.Comment(text=text, viewer_id=viewer, handle=handle), **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def spy(tools):
+    return Spy(tools)
