@@ -21,17 +21,12 @@ canonical names; `HarnessState.resolve_tool` is the single place surface names a
 
 import pathlib
 
+from hat_jax.harness._checks import normalize_text, to_speech
 from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline
 from hat_jax.harness._errors import PolicyError, ToolDenied, ToolError, ToolTimeout
 from hat_jax.harness._factcheck import Evidence, unsupported_claims
 from hat_jax.harness._frozen import FrozenDict, content_hash, freeze, thaw
-from hat_jax.harness._hooks import (
-    HOOK_IMPLEMENTATIONS,
-    HookRunner,
-    ReplyCandidate,
-    normalize_text,
-    to_speech,
-)
+from hat_jax.harness._hooks import HOOK_IMPLEMENTATIONS, HookRunner, ReplyCandidate
 from hat_jax.harness._loader import HarnessError, Problem, load
 from hat_jax.harness._loop import Limits, run_agent
 from hat_jax.harness._manifest import (

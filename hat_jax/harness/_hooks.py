@@ -1,10 +1,10 @@
-"""Hooks: checks at the loop's lifecycle points, configured entirely by `HookSpec` data.
+"""Hooks: the framework that runs checks at the loop's lifecycle points from `HookSpec` data.
 
-Each implementation is a small function `(ctx, rule, subject) -> Verdict | None` registered
-under a name and a lifecycle point. The Harness decides which hooks run, in which order, with
-which action (retry / modify / block / flag), wording and retry limit; `HookRunner` applies
-those decisions and records a `HookEvent` for everything a hook did. Adding behaviour means
-adding a hook here, not an `if` in the loop.
+Each check (in `_checks.py`) is a small function `(ctx, rule, subject) -> Verdict | None`
+registered under a name and a lifecycle point. The Harness decides which hooks run, in which
+order, with which action (retry / modify / block / flag), wording and retry limit; `HookRunner`
+applies those decisions and records a `HookEvent` for everything a hook did. Adding behaviour
+means adding a check, not an `if` in the loop.
 
 Subjects per point: `input` -> `Request`; `before_tool` -> `CallSubject` (and the
 `AssistantTurn` for `well_formed_output`); `after_tool` -> `ResultSubject`; `before_reply` and
@@ -14,21 +14,13 @@ Subjects per point: `input` -> `Request`; `before_tool` -> `CallSubject` (and th
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
-import re
-import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jsonschema
-
-from hat_jax.harness._factcheck import Evidence, unsupported_claims
-from hat_jax.harness._frozen import thaw
-from hat_jax.harness._policy import AssistantTurn, ToolCall
-from hat_jax.harness._prompt import instruction_text
+from hat_jax.harness._factcheck import Evidence
+from hat_jax.harness._policy import ToolCall
 from hat_jax.harness._request import Request
-from hat_jax.harness._spec import LOAD_SKILL, HookRule, HookSpec, ToolSpec
+from hat_jax.harness._spec import HookRule, HookSpec, ToolSpec
 from hat_jax.harness._state import HarnessState
 from hat_jax.harness._trajectory import HookEvent
 
@@ -91,359 +83,18 @@ class HookImpl:
 HOOK_IMPLEMENTATIONS: dict[str, HookImpl] = {}
 
 
-def _hook(name: str, point: str, actions: tuple[str, ...], check_params=None, subject="default"):
+def register(name: str, point: str, actions: tuple[str, ...], check_params=None, subject="default"):
+    """Decorator: registers a check under `name`, run at `point`, supporting `actions`.
+
+    `check_params(params) -> [problems]` validates the hook's parameters at load time;
+    `subject="turn"` marks checks that inspect a whole `AssistantTurn`.
+    """
+
     def register(fn):
         HOOK_IMPLEMENTATIONS[name] = HookImpl(point, actions, fn, check_params, subject)
         return fn
 
     return register
-
-
-def _regex_list_problems(patterns: Any, field: str) -> list[str]:
-    if not isinstance(patterns, list | tuple) or not patterns:
-        return [f"{field} must be a non-empty list of regular expressions"]
-    out = []
-    for i, p in enumerate(patterns):
-        try:
-            re.compile(p)
-        except (re.error, TypeError) as err:
-            out.append(f"{field}[{i}] is not a valid regular expression: {err}")
-    return out
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(patterns: tuple[str, ...]) -> re.Pattern:
-    return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
-
-
-# ---------------------------------------------------------------------------------- input
-_HANDLE = re.compile(r"[^\w.\-]+")
-
-
-_CONTROL = {"Cf": "", "Cc": " ", "Cs": "", "Co": "", "Cn": ""}
-
-
-def normalize_text(text: str, max_chars: int) -> str:
-    """NFKC, control/format/private-use characters removed, whitespace collapsed, capped."""
-    # Bound the work first: a megabyte comment must cost no more than a long one.
-    text = text[: 4 * max_chars + 64]
-    if not (text.isascii() and text.isprintable()):
-        text = unicodedata.normalize("NFKC", text)
-        # Format characters (zero-width, bidi overrides) vanish; other controls become spaces.
-        text = "".join(_CONTROL.get(unicodedata.category(ch), ch) for ch in text)
-    text = " ".join(text.split())
-    if len(text) > max_chars:
-        text = text[:max_chars].rsplit(" ", 1)[0].rstrip() + " ..."
-    return text
-
-
-@_hook("normalize_input", "input", ("modify",))
-def _normalize_input(ctx, rule, request: Request):
-    max_chars = int(rule.params.get("max_comment_chars", 500))
-    comments = []
-    for c in request.comments[: int(rule.params.get("max_comments", 8))]:
-        text = normalize_text(c.text, max_chars)
-        handle = _HANDLE.sub("", normalize_text(c.handle, 64))[:32] or c.viewer_id[:32]
-        if text:
-            comments.append(dataclasses.replace(c, text=text, handle=handle))
-    if tuple(comments) == request.comments:
-        return None
-    dropped = len(request.comments) - len(comments)
-    return Verdict(
-        f"normalised comments ({dropped} dropped)",
-        fix=dataclasses.replace(request, comments=tuple(comments)),
-    )
-
-
-@_hook(
-    "detect_injection",
-    "input",
-    ("flag",),
-    lambda p: _regex_list_problems(p.get("patterns"), "params.patterns"),
-)
-def _detect_injection(ctx, rule, request: Request):
-    pattern = _compiled(tuple(rule.params["patterns"]))
-    for c in request.comments:
-        if m := pattern.search(c.text):
-            flags = tuple(dict.fromkeys((*request.flags, "injection")))
-            return Verdict(
-                f"instruction override attempt: {m.group(0)!r}",
-                fix=dataclasses.replace(request, flags=flags),
-            )
-    return None
-
-
-# ---------------------------------------------------------------------------------- before_tool
-@_hook("well_formed_output", "before_tool", ("retry", "block"), subject="turn")
-def _well_formed_output(ctx, rule, turn: AssistantTurn):
-    if turn.parse_errors:
-        return Verdict(
-            "; ".join(turn.parse_errors)[:400], {"detail": "; ".join(turn.parse_errors)[:400]}
-        )
-    if not turn.tool_calls and not turn.content.strip():
-        return Verdict("empty output", {"detail": "the output had neither a reply nor a tool call"})
-    return None
-
-
-@_hook("known_tool", "before_tool", ("block", "retry"))
-def _known_tool(ctx, rule, s: CallSubject):
-    if s.canonical is None:
-        return Verdict(f"unknown tool {s.call.name!r}", {"tool": s.call.name})
-    return None
-
-
-@functools.lru_cache(maxsize=512)
-def _validator(spec: ToolSpec):
-    return jsonschema.Draft202012Validator(thaw(spec.parameters))
-
-
-@_hook("check_tool_arguments", "before_tool", ("retry", "block"))
-def _check_tool_arguments(ctx, rule, s: CallSubject):
-    args = s.call.arguments
-    if not isinstance(args, Mapping):
-        detail = f"arguments must be an object, got {type(args).__name__}"
-    else:
-        validator, plain = _validator(s.spec), thaw(args)
-        if validator.is_valid(plain):
-            return None
-        errors = sorted(validator.iter_errors(plain), key=lambda e: list(e.path))
-        detail = "; ".join(
-            f"{'/'.join(map(str, e.path)) or 'arguments'}: {e.message[:160]}" for e in errors[:3]
-        )
-    return Verdict(detail, {"tool": s.call.name, "detail": detail})
-
-
-@_hook("require_skill_permission", "before_tool", ("block", "retry"))
-def _require_skill_permission(ctx, rule, s: CallSubject):
-    gated = rule.params.get("gated_categories", ("commerce", "marketing"))
-    if s.spec.category not in gated:
-        return None
-    harness = ctx.state.harness
-    allowing = [sk.name for sk in harness.skills if s.call.name in sk.allowed_tools]
-    if any(name in allowing for name in ctx.loaded_skills):
-        return None
-    return Verdict(
-        f"{s.call.name} needs a loaded Skill that allows it",
-        {"tool": s.call.name, "skills": ", ".join(allowing) or "none"},
-    )
-
-
-@_hook("injection_guard", "before_tool", ("block",))
-def _injection_guard(ctx, rule, s: CallSubject):
-    if s.spec.side_effects and "injection" in ctx.request.flags:
-        return Verdict(
-            f"{s.call.name} refused for a comment that tries to override the rules",
-            {"tool": s.call.name},
-        )
-    return None
-
-
-# ---------------------------------------------------------------------------------- after_tool
-def _depth(value: Any, limit: int, level: int = 0) -> int:
-    if level > limit:
-        return level
-    if isinstance(value, Mapping):
-        return max((_depth(v, limit, level + 1) for v in value.values()), default=level + 1)
-    if isinstance(value, list | tuple):
-        return max((_depth(v, limit, level + 1) for v in value), default=level + 1)
-    return level
-
-
-@_hook("sanitize_tool_output", "after_tool", ("modify",))
-def _sanitize_tool_output(ctx, rule, s: ResultSubject):
-    if s.error is not None:
-        return None
-    max_chars, max_depth = (
-        int(rule.params.get("max_chars", 4000)),
-        int(rule.params.get("max_depth", 8)),
-    )
-    try:
-        text = json.dumps(s.result, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as err:
-        problem = f"not JSON data ({type(err).__name__}: {str(err)[:80]})"
-    else:
-        if _depth(s.result, max_depth) > max_depth:
-            problem = f"nested deeper than {max_depth} levels"
-        elif len(text) > max_chars:
-            fix = dataclasses.replace(s, result={"truncated": True, "text": text[:max_chars]})
-            return Verdict(f"result of {len(text)} characters truncated to {max_chars}", fix=fix)
-        else:
-            return None
-    fields = {"tool": s.call.name, "detail": problem}
-    message = rule.message.format_map(_Safe(fields)) if rule.message else problem
-    return Verdict(
-        problem,
-        fields,
-        fix=dataclasses.replace(
-            s, result={"error": {"type": "malformed_result", "message": message}}, error="malformed"
-        ),
-    )
-
-
-# ---------------------------------------------------------------------------------- before_reply
-@_hook("require_reply_skill", "before_reply", ("retry", "block"))
-def _require_reply_skill(ctx, rule, r: ReplyCandidate):
-    if r.channel == "none" or len(r.text) <= int(rule.params.get("exempt_max_chars", 0)):
-        return None
-    harness = ctx.state.harness
-    if any((sk := harness.skill(n)) is not None and sk.kind == "reply" for n in ctx.loaded_skills):
-        return None
-    names = [s.name for s in harness.skills if s.kind == "reply"]
-    return Verdict(
-        "no Reply Skill loaded",
-        {
-            "skills": ", ".join(names),
-            "load_skill": ctx.state.surface_tool(LOAD_SKILL) or LOAD_SKILL,
-        },
-    )
-
-
-_LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
-_URL = re.compile(r"\b(?:https?://|www\.)\S+", re.I)
-_MARKUP = re.compile(r"(\*\*|__|`+|~~|^\s*#+\s*|^\s*(?:[-*•]|\d+[.)])\s+)", re.M)
-_EMOJI = re.compile("[\U0001f000-\U0001faff\u2600-\u27bf\ufe0f\u200d]")
-
-
-def to_speech(text: str) -> tuple[str, list[str]]:
-    """Plain spoken text: links, URLs, markdown, emoji and line breaks removed."""
-    found, out = [], text
-    for name, pattern, repl in (
-        ("a markdown link", _LINK, r"\1"),
-        ("a URL", _URL, ""),
-        ("markdown", _MARKUP, ""),
-        ("emoji", _EMOJI, ""),
-    ):
-        out, n = pattern.subn(repl, out)
-        if n:
-            found.append(name)
-    if "\n" in out:
-        found.append("line breaks")
-        out = " ".join(line.strip() for line in out.splitlines() if line.strip())
-    return " ".join(out.split()), found
-
-
-@_hook("speech_format", "before_reply", ("modify", "retry"))
-def _speech_format(ctx, rule, r: ReplyCandidate):
-    if r.channel not in rule.params.get("channels", ("public",)):
-        return None
-    spoken, found = to_speech(r.text)
-    if not found:
-        return None
-    detail = ", ".join(found)
-    return Verdict(
-        detail, {"detail": detail}, fix=dataclasses.replace(r, text=spoken) if spoken else None
-    )
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+")
-
-
-def sentences(text: str) -> list[str]:
-    return [s for s in _SENTENCE_END.split(text.strip()) if s]
-
-
-@_hook("reply_length", "before_reply", ("retry", "modify"))
-def _reply_length(ctx, rule, r: ReplyCandidate):
-    if r.channel == "none":
-        return None
-    prompt = ctx.state.harness.prompt
-    limit, max_sent = prompt.constraint("reply_max_chars"), prompt.constraint("reply_max_sentences")
-    parts = sentences(r.text)
-    too_many = r.channel == "public" and len(parts) > max_sent
-    if len(r.text) <= limit and not too_many:
-        return None
-    kept = []
-    for part in parts[: max_sent if r.channel == "public" else len(parts)]:
-        if len(" ".join([*kept, part])) > limit:
-            break
-        kept.append(part)
-    fix = " ".join(kept) or r.text[:limit].rsplit(" ", 1)[0]
-    fields = {
-        "length": len(r.text),
-        "sentences": len(parts),
-        "limit": limit,
-        "max_sentences": max_sent,
-    }
-    return Verdict(
-        f"{len(r.text)} characters, {len(parts)} sentences",
-        fields,
-        fix=dataclasses.replace(r, text=fix),
-    )
-
-
-_WORD = re.compile(r"[a-z0-9]+")
-
-
-@functools.lru_cache(maxsize=64)
-def _instruction_shingles(state: HarnessState, k: int) -> frozenset[tuple[str, ...]]:
-    words = _WORD.findall(instruction_text(state).lower())
-    return frozenset(tuple(words[i : i + k]) for i in range(len(words) - k + 1))
-
-
-@_hook("no_prompt_leak", "before_reply", ("retry", "block"))
-def _no_prompt_leak(ctx, rule, r: ReplyCandidate):
-    k = int(rule.params.get("min_shared_words", 10))
-    words = _WORD.findall(r.text.lower())
-    if len(words) < k:
-        return None
-    shingles = _instruction_shingles(ctx.state, k)
-    if any(tuple(words[i : i + k]) in shingles for i in range(len(words) - k + 1)):
-        return Verdict(f"repeats {k} or more consecutive words of the instructions")
-    return None
-
-
-@_hook("factual_risk", "before_reply", ("retry", "block"))
-def _factual_risk(ctx, rule, r: ReplyCandidate):
-    bad = unsupported_claims(r.text, ctx.evidence) if r.channel != "none" else []
-    if not bad:
-        return None
-    detail = ", ".join(bad[:5])
-    return Verdict(detail, {"detail": detail})
-
-
-def _claims_problems(params: Mapping[str, Any]) -> list[str]:
-    claims = params.get("claims")
-    if not isinstance(claims, list | tuple) or not claims:
-        return ["params.claims must be a non-empty list"]
-    out = []
-    for i, c in enumerate(claims):
-        if (
-            not isinstance(c, Mapping)
-            or not isinstance(c.get("id"), str)
-            or not isinstance(c.get("says"), str)
-        ):
-            out.append(f"params.claims[{i}] needs string fields 'id' and 'says'")
-            continue
-        out += _regex_list_problems(c.get("patterns"), f"params.claims[{i}].patterns")
-    return out
-
-
-@_hook("forbidden_claims", "before_reply", ("retry", "block"), _claims_problems)
-def _forbidden_claims(ctx, rule, r: ReplyCandidate):
-    if r.channel == "none":
-        return None
-    for claim in rule.params["claims"]:
-        if not _compiled(tuple(claim["patterns"])).search(r.text):
-            continue
-        needed = claim.get("requires_tool")
-        if needed and (needed in ctx.performed or needed in ctx.pending):
-            continue
-        return Verdict(claim["says"], {"detail": claim["says"], "claim": claim["id"]})
-    return None
-
-
-# ---------------------------------------------------------------------------------- end_of_turn
-_THINK = re.compile(r"<think>.*?(?:</think>|\Z)|</?think>|<tool_call>.*?(?:</tool_call>|\Z)", re.S)
-
-
-@_hook("strip_reasoning", "end_of_turn", ("modify",))
-def _strip_reasoning(ctx, rule, r: ReplyCandidate):
-    if not _THINK.search(r.text):
-        return None
-    cleaned = _THINK.sub(" ", r.text).strip()
-    return Verdict(
-        "internal reasoning removed from the reply", fix=dataclasses.replace(r, text=cleaned)
-    )
 
 
 # ---------------------------------------------------------------------------------- runner
@@ -554,3 +205,8 @@ class HookRunner:
         self._retries[rule.name] = used + 1
         self.total_retries += 1
         return True
+
+
+# The checks register themselves on import; importing them here keeps the registry complete for
+# every user of this module.
+from hat_jax.harness import _checks  # noqa: E402, F401

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hat_jax.harness._hooks import sentences
+from hat_jax.harness._checks import sentences
 from hat_jax.harness._policy import AssistantTurn, ToolCall
 from hat_jax.harness._prompt import clock, money
 from hat_jax.harness._spec import LOAD_SKILL, REPLY_PRIVATE, REPLY_PUBLIC
