@@ -70,7 +70,7 @@ def test_slow_policy_hits_the_trajectory_budget(state, tools, request_for):
     start = time.perf_counter()
     traj = hx.run_agent(state, request_for("hi"), slow, tools, limits=hx.Limits(budget_s=0.6))
     elapsed = time.perf_counter() - start
-    assert elapsed < 0.6 + 0.2, elapsed
+    assert elapsed < 0.6 + 0.4, elapsed
     assert traj.faults[-1].kind in ("policy_timeout", "budget")
     assert traj.model_calls[-1].error == "timeout" and traj.final.fallback
 
@@ -133,7 +133,7 @@ def test_tool_calls_of_a_round_run_in_parallel(state, request_for):
         ]
     )
     traj = hx.run_agent(state, request_for("hi"), policy, toolbox)
-    assert traj.timings["tool_s"] < 0.35 and traj.timings["total_s"] < 0.45
+    assert traj.timings["tool_s"] < 0.4 and traj.timings["total_s"] < 0.55  # sequential: >= 0.6
 
 
 def test_tool_failures_become_error_results(state, tools, request_for):
