@@ -20,8 +20,8 @@ per-group statistic is a ``jax.ops.segment_*`` reduction with the static bound
 ``num_segments = N`` (a batch of N rows has at most N groups). This keeps memory O(N) and
 shapes static, so everything here is ``jax.jit``-compatible and shape polymorphic over N,
 unlike an [N, N] equality-matrix formulation whose memory grows as N². Hyperparameters that
-change the program (``scale_by_std``, ``batch_norm``, the whole `HatAdvantageConfig`) are
-static; ``eps`` and ``weights`` are ordinary array arguments.
+change the program (``scale_by_std``, ``batch_norm``) are static; numbers (``eps``,
+``weights``, λ, thresholds) are array arguments, so sweeping them does not recompile.
 
 Degenerate groups. A group whose values are all equal (including a group of one) gives
 advantage exactly 0, detected with an exact max == min test rather than a small-σ threshold,
@@ -56,6 +56,21 @@ def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def _host_or_device(x, dtype=None):
+    """Device and traced arrays as they are; host values (lists, numpy) as numpy on the host.
+
+    Host inputs stay numpy until they enter the jitted core, so eager calls compile one
+    program, not one per conversion.
+    """
+    if isinstance(x, jax.Array):
+        return x if dtype is None else x.astype(dtype)
+    return np.asarray(x, dtype)
+
+
+def _f32(x):
+    return _host_or_device(x, np.float32)
+
+
 def _check_valid(valid, n: int):
     if valid is not None and jnp.shape(valid) != (n,):
         raise ValueError(f"valid must have shape ({n},), got {jnp.shape(valid)}")
@@ -69,7 +84,7 @@ def _as_valid(valid, n: int) -> jax.Array:
 
 
 def _check_group_ids(group_ids, n: int) -> jax.Array:
-    group_ids = jnp.asarray(group_ids)
+    group_ids = _host_or_device(group_ids)
     if group_ids.shape != (n,):
         raise ValueError(
             f"group_ids must have shape ({n},) to match rewards, got {group_ids.shape}"
@@ -170,7 +185,7 @@ def grpo(rewards, group_ids, *, eps, scale_by_std=True, valid=None) -> jax.Array
       f32[N] advantages. σ_g is the Bessel-corrected (ddof=1) group std. A group whose rewards
       are all equal, and a group of one, gives exactly 0.
     """
-    rewards = jnp.asarray(rewards, jnp.float32)
+    rewards = _f32(rewards)
     if rewards.ndim != 1:
         raise ValueError(f"grpo expects rewards f32[N], got shape {rewards.shape}")
     n = rewards.shape[0]
@@ -207,11 +222,11 @@ def gdpo(rewards, group_ids, weights, *, eps, batch_norm=True, valid=None) -> ja
       f32[N] advantages; exactly 0 for padding rows and for rows whose every dimension is
       constant within its group.
     """
-    rewards = jnp.asarray(rewards, jnp.float32)
+    rewards = _f32(rewards)
     if rewards.ndim != 2:
         raise ValueError(f"gdpo expects rewards f32[N, D], got shape {rewards.shape}")
     n, d = rewards.shape
-    weights = jnp.asarray(weights, jnp.float32)
+    weights = _f32(weights)
     if weights.shape != (d,):
         raise ValueError(f"weights must have shape ({d},) to match rewards, got {weights.shape}")
     group_ids = _check_group_ids(group_ids, n)
@@ -367,16 +382,16 @@ def hat_advantages(
     Returns:
       `HatAdvantages` (advantages, keep, length_penalty), each f32[N].
     """
-    rewards = jnp.asarray(rewards, jnp.float32)
+    rewards = _f32(rewards)
     if rewards.ndim != 2 or rewards.shape[1] != len(REWARD_DIMS):
         raise ValueError(
             f"hat_advantages expects rewards f32[N, 4] {REWARD_DIMS}, got {rewards.shape}"
         )
     n = rewards.shape[0]
-    kinds = jnp.asarray(kinds)
+    kinds = _host_or_device(kinds)
     if kinds.shape != (n,):
         raise ValueError(f"kinds must have shape ({n},), got {kinds.shape}")
-    cot_lengths = jnp.asarray(cot_lengths, jnp.float32)
+    cot_lengths = _f32(cot_lengths)
     if cot_lengths.shape != (n,):
         raise ValueError(f"cot_lengths must have shape ({n},), got {cot_lengths.shape}")
     group_ids = _check_group_ids(group_ids, n)
@@ -389,31 +404,39 @@ def hat_advantages(
         )
         _check_finite("rewards (the row's pool columns)", pool, rows)
         _check_finite("cot_lengths", cot_lengths, rows)
-    return _hat_jit(rewards, kinds, group_ids, cot_lengths, valid, config)
+    # Numbers travel as arrays so that sweeping λ, weights or thresholds does not recompile.
+    numbers = {
+        "tool_weights": (*config.tool_weights, config.length_weight),
+        "reply_weights": (*config.reply_weights, config.length_weight),
+        "length": (config.length_low, config.length_high),
+        "eps": config.eps,
+        "atol": config.filter_atol,
+    }
+    numbers = {k: np.asarray(v, np.float32) for k, v in numbers.items()}
+    args = (rewards, kinds, group_ids, cot_lengths, valid, numbers)
+    return _hat_jit(*args, batch_norm=config.batch_norm)
 
 
-@functools.partial(jax.jit, static_argnames="config")
-def _hat_jit(rewards, kinds, group_ids, cot_lengths, valid, config):
+@functools.partial(jax.jit, static_argnames="batch_norm")
+def _hat_jit(rewards, kinds, group_ids, cot_lengths, valid, numbers, *, batch_norm):
     n = rewards.shape[0]
     is_tool = kinds == TOOL
     valid = _as_valid(valid, n) * ((kinds == TOOL) | (kinds == REPLY))
     segments = _dense_groups(group_ids) * 2 + is_tool.astype(jnp.int32)
     task = jnp.where(is_tool[:, None], rewards[:, :2], rewards[:, 2:])
-    q = cot_length_penalty(cot_lengths, low=config.length_low, high=config.length_high)
+    low, high = numbers["length"]
+    q = jnp.clip((cot_lengths - low) / (high - low), 0.0, 1.0)  # cot_length_penalty
     dims = jnp.concatenate([task, -q[:, None]], axis=1)
-    weights = jnp.where(
-        is_tool[:, None],
-        jnp.asarray([*config.tool_weights, config.length_weight], jnp.float32),
-        jnp.asarray([*config.reply_weights, config.length_weight], jnp.float32),
-    )
-    per_dim = _group_normalize(dims, segments, valid, 2 * n, eps=config.eps, scale_by_std=True)
+    weights = jnp.where(is_tool[:, None], numbers["tool_weights"], numbers["reply_weights"])
+    eps = numbers["eps"]
+    per_dim = _group_normalize(dims, segments, valid, 2 * n, eps=eps, scale_by_std=True)
     total = jnp.sum(per_dim * weights, axis=1)
-    if config.batch_norm:
+    if batch_norm:
         tool_valid = valid * is_tool
         total = jnp.where(
             is_tool,
-            _batch_scale(total, tool_valid, eps=config.eps),
-            _batch_scale(total, valid - tool_valid, eps=config.eps),
+            _batch_scale(total, tool_valid, eps=eps),
+            _batch_scale(total, valid - tool_valid, eps=eps),
         )
-    keep = zero_advantage_filter(total, valid, atol=config.filter_atol)
+    keep = zero_advantage_filter(total, valid, atol=numbers["atol"])
     return HatAdvantages(advantages=total, keep=keep, length_penalty=jnp.where(valid > 0, q, 0.0))
