@@ -36,14 +36,14 @@ def _figure(width: float, height: float, columns: int = 1):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height))
+    fig = Figure(figsize=(width, height), layout="tight")
     FigureCanvasAgg(fig)
     return fig, fig.subplots(1, columns, squeeze=False)[0]
 
 
 def _save(fig, path: pathlib.Path) -> None:
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    fig.savefig(tmp, dpi=100)
     os.replace(tmp, path)
 
 
@@ -80,6 +80,5 @@ def plot_metrics(run_dir: os.PathLike | str, *, overview_only: bool = False) -> 
     fig, axes = _figure(4.2 * len(main), 3.2, len(main))
     for ax, name in zip(axes, main):
         _draw(ax, series, name)
-    fig.tight_layout()
     _save(fig, out_dir / "overview.png")
     return [*written, out_dir / "overview.png"]

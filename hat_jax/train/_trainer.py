@@ -58,6 +58,7 @@ class TrainerConfig:
       keep_checkpoints: newest checkpoints kept; async_checkpoints: save in the background.
       max_nonfinite_steps: stop after this many skipped (non-finite) steps in a row.
       progress: show a progress bar on the main process.
+      plots: draw PNG curves (the overview with each checkpoint, every metric at the end).
     """
 
     total_steps: int
@@ -73,6 +74,7 @@ class TrainerConfig:
     async_checkpoints: bool = True
     max_nonfinite_steps: int = 10
     progress: bool = True
+    plots: bool = True
 
     def __post_init__(self):
         positive = ("total_steps", "batch_size", "seq_len", "micro_batches", "log_every")
@@ -282,9 +284,12 @@ class Trainer:
                 if pending is not None:
                     window = self._process(*pending, window, progress)
                 pending = (self.step, metrics)
-                for hook in self._hooks:
-                    if self.step % hook.every == 0:
-                        hook.fn(self, self.step, self.state)
+                due = [hook for hook in self._hooks if self.step % hook.every == 0]
+                if due:  # hooks see the state, so log this step first: a checkpoint's
+                    window = self._process(*pending, window, progress)  # metrics are on disk
+                    pending = None
+                for hook in due:
+                    hook.fn(self, self.step, self.state)
             if pending is not None:
                 window = self._process(*pending, window, progress)
             self.save_checkpoint(self.step, self.state)
@@ -299,7 +304,7 @@ class Trainer:
         return self.state
 
     def _plot(self, overview_only: bool = False) -> None:
-        if not self.metrics.enabled:
+        if not (self.metrics.enabled and self.config.plots):
             return
         try:
             plot_metrics(self.run_dir, overview_only=overview_only)
