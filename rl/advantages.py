@@ -83,7 +83,7 @@ def _as_valid(valid, n: int) -> jax.Array:
     return (jnp.asarray(valid) > 0).astype(jnp.float32)
 
 
-def _check_group_ids(group_ids, n: int) -> jax.Array:
+def _check_group_ids(group_ids, n: int):
     group_ids = _host_or_device(group_ids)
     if group_ids.shape != (n,):
         raise ValueError(
@@ -100,7 +100,7 @@ def _check_finite(name: str, x, valid) -> None:
         return
     x = np.asarray(x, np.float32)
     valid = np.ones(x.shape[0], bool) if valid is None else np.asarray(valid) > 0
-    bad = ~np.isfinite(x.reshape(x.shape[0], -1)).all(axis=1) & valid
+    bad = ~np.isfinite(x).all(axis=tuple(range(1, x.ndim))) & valid
     if bad.any():
         raise ValueError(f"{name} has NaN or inf in rows {np.flatnonzero(bad).tolist()}")
 
@@ -114,7 +114,7 @@ def _dense_groups(group_ids: jax.Array) -> jax.Array:
     n = group_ids.shape[0]
     order = jnp.argsort(group_ids, stable=True)
     ordered = group_ids[order]
-    starts = jnp.concatenate([jnp.zeros((1,), bool), ordered[1:] != ordered[:-1]])
+    starts = jnp.zeros((n,), bool).at[1:].set(ordered[1:] != ordered[:-1])
     rank = jnp.cumsum(starts.astype(jnp.int32))
     return jnp.zeros((n,), jnp.int32).at[order].set(rank)
 

@@ -78,7 +78,8 @@ def aggregate_loss(values, mask, mode: str = "token-mean") -> jax.Array:
     _check_pair("values", jnp.asarray(values), "mask", mask)
     weighted = jnp.where(mask > 0, values, 0.0) * mask
     if mode == "token-mean":
-        return jnp.sum(weighted) / jnp.maximum(jnp.sum(mask), 1.0)
+        total = jnp.sum(mask)
+        return jnp.sum(weighted) / jnp.where(total > 0, total, 1.0)
     tokens = jnp.sum(mask, axis=-1)
     seq = jnp.sum(weighted, axis=-1)
     if mode == "seq-mean-token-mean":
@@ -126,22 +127,21 @@ def _clipped_surrogate(ratio, adv, eps_low, eps_high):
 
 
 def _stats(ratio, low, high, weight, approx_kl):
-    """Metrics of ratios over entries with ``weight > 0`` (neutral values when none)."""
-    weight = weight.astype(jnp.float32)
-    count = jnp.sum(weight)
+    """Unweighted metrics over entries with ``weight > 0`` (ratio 1 when there are none)."""
+    on = weight > 0
+    count = jnp.sum(on)
     has = count > 0
 
     def mean(x):
-        return jnp.sum(jnp.where(weight > 0, x, 0.0)) / jnp.maximum(count, 1.0)
+        return jnp.sum(jnp.where(on, x, 0.0)) / jnp.maximum(count, 1)
 
-    on = weight > 0
     return {
         "clip_fraction": mean((low | high).astype(jnp.float32)),
         "clip_fraction_low": mean(low.astype(jnp.float32)),
         "clip_fraction_high": mean(high.astype(jnp.float32)),
         "ratio_mean": jnp.where(has, mean(ratio), 1.0),
-        "ratio_min": jnp.where(has, jnp.min(jnp.where(on, ratio, jnp.inf)), 1.0),
-        "ratio_max": jnp.where(has, jnp.max(jnp.where(on, ratio, -jnp.inf)), 1.0),
+        "ratio_min": jnp.where(has, jnp.min(ratio, where=on, initial=jnp.inf), 1.0),
+        "ratio_max": jnp.where(has, jnp.max(ratio, where=on, initial=-jnp.inf), 1.0),
         "approx_kl": approx_kl,
     }
 

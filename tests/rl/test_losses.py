@@ -167,7 +167,7 @@ def np_gspo(logp, old, adv, mask, eps_low, eps_high):
     return per_seq[lengths > 0].mean() if (lengths > 0).any() else 0.0
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 16)])
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0), (1, 1), (3, 7), (5, 16)])
 def test_gspo_jits_over_shapes_and_matches_reference(shape):
     rng = np.random.default_rng(shape[0] * 100 + shape[1])
     old = rng.normal(-2.0, 0.5, shape).astype(np.float32)
