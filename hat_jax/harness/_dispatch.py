@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from hat_jax.harness._deadline import DeadlineExceeded, Pending, submit
+from hat_jax.harness._deadline import Completed, DeadlineExceeded, Pending, start
 from hat_jax.harness._errors import ToolError
 from hat_jax.harness._hooks import CallSubject, ReplyCandidate, ResultSubject
 from hat_jax.harness._policy import ToolCall
@@ -34,7 +34,7 @@ class Started:
     call: ToolCall
     canonical: str
     rec: ToolRecord
-    pending: Pending
+    pending: Pending | Completed
     deadline: float
     timeout: float
 
@@ -124,18 +124,20 @@ def _start(
     rec.injected = list(spec.context_args)
     now = time.perf_counter()
     deadline = min(now + run.limits.tool_timeout_s, run.deadline)
-    return Started(
-        call, canonical, rec, submit(lambda: fn(args)), deadline, max(0.0, deadline - now)
-    )
+    inline = getattr(run.tools, "is_inline", lambda name: False)(canonical)
+    pending = start(lambda: fn(args), inline=inline)
+    return Started(call, canonical, rec, pending, deadline, max(0.0, deadline - now))
 
 
 def collect(run, job: Started, intervals: list[tuple[float, float]]) -> dict[str, Any]:
     """Second pass: the result (or an error result) of a started call, after-tool hooks applied."""
     call, rec, err = job.call, job.rec, None
     try:
-        value, start, end = job.pending.wait(job.deadline - time.perf_counter())
-        intervals.append((start, end))
-        rec.elapsed_s = end - start
+        value, begin, end = job.pending.wait(job.deadline - time.perf_counter())
+        if end > job.deadline:  # an inline call that overran: its late result is discarded
+            raise DeadlineExceeded(job.call.name)
+        intervals.append((begin, end))
+        rec.elapsed_s = end - begin
     except DeadlineExceeded:
         err, rec.elapsed_s = "timeout", job.timeout
         intervals.append((job.deadline - job.timeout, job.deadline))

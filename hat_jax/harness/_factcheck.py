@@ -24,6 +24,7 @@ _ISO_TIME = re.compile(r"T([01]\d|2[0-3]):([0-5]\d)")
 _CLOCK = re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])")
 _AMPM = re.compile(r"\b(1[0-2]|0?[1-9])(?::([0-5]\d))?\s?(am|pm|a\.m\.|p\.m\.)", re.I)
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
+_DIGIT = re.compile(r"\d")
 _MONEY_KEYS = frozenset(
     {"price", "list_price", "current_price", "paid", "discount", "min_spend", "remote_surcharge"}
 )
@@ -69,8 +70,14 @@ class Evidence:
         self.times: set[str] = set()
         self.pairs: set[tuple[float, float]] = set()
 
-    def add(self, value: Any, key: str = "") -> None:
+    def add(self, value: Any) -> None:
         """Walks a JSON value and records its figures by kind (see module docstring)."""
+        texts: list[str] = []
+        self._walk(value, "", texts)
+        if texts:  # one scan per pattern over all strings of the value
+            self._add_text("\n".join(texts))
+
+    def _walk(self, value: Any, key: str, texts: list[str]) -> None:
         if _is_number(value):
             kind = "money" if key in _MONEY_KEYS else "count" if key in _COUNT_KEYS else None
             kind = kind or (
@@ -79,21 +86,25 @@ class Evidence:
             if kind:
                 self.figures[kind].add(round(float(value), 2))
         elif isinstance(value, str):
-            self._add_text(value, key)
+            if key.endswith(("_days", "_hours")):
+                kind = "days" if key.endswith("_days") else "hours"
+                self.figures[kind].update(_num(m) for m in _NUMBER.findall(value))
+            if _DIGIT.search(value):
+                texts.append(value)
         elif isinstance(value, Mapping):
-            self._add_mapping(value)
+            self._walk_mapping(value, texts)
         elif isinstance(value, list | tuple):
             for v in value:
-                self.add(v, key)
+                self._walk(v, key, texts)
 
-    def _add_mapping(self, value: Mapping[str, Any]) -> None:
+    def _walk_mapping(self, value: Mapping[str, Any], texts: list[str]) -> None:
         for k, v in value.items():
             if k == "stock" and isinstance(v, Mapping):
                 self.figures["count"].update(
                     round(float(n), 2) for n in v.values() if _is_number(n)
                 )
             else:
-                self.add(v, str(k))
+                self._walk(v, str(k), texts)
         list_price = value.get("list_price", value.get("price"))
         promo = value.get("promotion")
         for low in (
@@ -103,10 +114,7 @@ class Evidence:
             if _is_number(list_price) and _is_number(low) and 0 < low < list_price:
                 self.pairs.add((float(list_price), float(low)))
 
-    def _add_text(self, text: str, key: str) -> None:
-        if key.endswith("_days") or key.endswith("_hours"):
-            kind = "days" if key.endswith("_days") else "hours"
-            self.figures[kind].update(_num(m) for m in _NUMBER.findall(text))
+    def _add_text(self, text: str) -> None:
         for kind, pattern in _PATTERNS:
             for match in pattern.finditer(text):
                 self.figures[kind].add(_num(next(g for g in match.groups() if g)))

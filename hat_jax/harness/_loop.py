@@ -173,7 +173,9 @@ class _Run:
         schemas = tool_schemas(self.state)
         try:
             turn, record.elapsed_s = call_with_deadline(
-                lambda: self.policy.generate(list(self.messages), schemas, self.sampling), remaining
+                lambda: self.policy.generate(list(self.messages), schemas, self.sampling),
+                remaining,
+                inline=getattr(self.policy, "inline", False),
             )
             if not isinstance(turn, AssistantTurn):
                 raise TypeError(f"policy returned {type(turn).__name__}, not AssistantTurn")

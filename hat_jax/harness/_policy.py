@@ -94,7 +94,12 @@ class SamplingParams:
 
 @runtime_checkable
 class PolicyModel(Protocol):
-    """Anything that produces an `AssistantTurn` for a conversation."""
+    """Anything that produces an `AssistantTurn` for a conversation.
+
+    A policy may set a class attribute `inline = True` when `generate` is pure in-process
+    computation that cannot block; the loop then calls it on its own thread (checking the
+    deadline afterwards) instead of handing it to a worker thread.
+    """
 
     def generate(
         self,

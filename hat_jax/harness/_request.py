@@ -32,7 +32,12 @@ class Comment:
             object.__setattr__(self, "handle", self.viewer_id)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {
+            "text": self.text,
+            "viewer_id": self.viewer_id,
+            "handle": self.handle,
+            "ts": self.ts,
+        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -63,6 +63,9 @@ class RuleBasedPolicy:
       world: used only to recognise product names in comments; facts come from tool results.
     """
 
+    # Pure in-memory computation: the loop may call it on its own thread (see `_deadline`).
+    inline = True
+
     def __init__(self, state: HarnessState, world: World):
         self.state, self.world = state, world
         fmt = state.harness.prompt.user_message

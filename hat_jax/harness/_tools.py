@@ -9,7 +9,7 @@ recorded as a fault and returned to the policy as an error result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -19,13 +19,24 @@ Executor = Callable[[dict[str, Any]], Any]
 
 
 class Toolbox(Mapping[str, Executor]):
-    """An immutable mapping canonical tool name -> executor."""
+    """An immutable mapping canonical tool name -> executor.
 
-    def __init__(self, executors: Mapping[str, Executor] | None = None):
+    Args:
+      executors: executors by canonical name.
+      inline: names of executors that only compute in memory and cannot block; the loop runs
+        them on its own thread (deadline checked afterwards) instead of a worker thread.
+    """
+
+    def __init__(
+        self, executors: Mapping[str, Executor] | None = None, *, inline: Iterable[str] = ()
+    ):
         for name, fn in (executors or {}).items():
             if not callable(fn):
                 raise TypeError(f"executor for {name!r} is not callable")
         self._executors = MappingProxyType(dict(executors or {}))
+        self._inline = frozenset(inline)
+        if unknown := self._inline - set(self._executors):
+            raise ValueError(f"inline names without an executor: {sorted(unknown)}")
 
     def __getitem__(self, name: str) -> Executor:
         return self._executors[name]
@@ -36,33 +47,39 @@ class Toolbox(Mapping[str, Executor]):
     def __len__(self) -> int:
         return len(self._executors)
 
+    def is_inline(self, name: str) -> bool:
+        return name in self._inline
+
     def merged(self, other: Mapping[str, Executor]) -> Toolbox:
         """A new Toolbox with `other`'s executors added (a name in both is an error)."""
         clash = set(self) & set(other)
         if clash:
             raise ValueError(f"executors defined twice: {sorted(clash)}")
-        return Toolbox({**self._executors, **other})
+        inline = self._inline | (other._inline if isinstance(other, Toolbox) else frozenset())
+        return Toolbox({**self._executors, **other}, inline=inline)
 
     def __repr__(self) -> str:
         return f"Toolbox({sorted(self)})"
 
 
 def builtin_toolbox(world: World) -> Toolbox:
-    """Executors of the built-in retrieval and commerce tools, answering from `world`."""
-    return Toolbox(
-        {
-            "search_products": lambda a: world.search_products(
-                a["query"], a.get("category"), a.get("limit", 5)
-            ),
-            "get_product_detail": lambda a: world.product_detail(a["product_id"]),
-            "search_faq": lambda a: world.search_faq(
-                a["query"], a.get("product_id"), a.get("limit", 3)
-            ),
-            "check_inventory": lambda a: world.inventory(a["product_id"], a.get("variant")),
-            "get_price_promotion": lambda a: world.price_info(a["product_id"], a.get("now")),
-            "get_order_status": lambda a: world.order_status(a["order_id"], a["viewer_id"]),
-            "get_after_sales_policy": lambda a: world.after_sales_policy(
-                a.get("product_id"), a.get("topic")
-            ),
-        }
-    )
+    """Executors of the built-in retrieval and commerce tools, answering from `world`.
+
+    They are in-memory lookups, so they are declared inline (no worker-thread hand-off).
+    """
+    executors = {
+        "search_products": lambda a: world.search_products(
+            a["query"], a.get("category"), a.get("limit", 5)
+        ),
+        "get_product_detail": lambda a: world.product_detail(a["product_id"]),
+        "search_faq": lambda a: world.search_faq(
+            a["query"], a.get("product_id"), a.get("limit", 3)
+        ),
+        "check_inventory": lambda a: world.inventory(a["product_id"], a.get("variant")),
+        "get_price_promotion": lambda a: world.price_info(a["product_id"], a.get("now")),
+        "get_order_status": lambda a: world.order_status(a["order_id"], a["viewer_id"]),
+        "get_after_sales_policy": lambda a: world.after_sales_policy(
+            a.get("product_id"), a.get("topic")
+        ),
+    }
+    return Toolbox(executors, inline=executors)

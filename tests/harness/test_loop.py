@@ -2,6 +2,7 @@
 multi-comment mode."""
 
 import dataclasses
+import json
 import time
 
 import pytest
@@ -302,3 +303,39 @@ def test_multi_comment_mode_answers_related_comments_together(state, world, tool
     assert traj.spoken.startswith("@lily, @annie,") and "¥149" in traj.spoken
     assert "multi-intent" in traj.loaded_skills
     assert sum(r.canonical == "get_price_promotion" for r in traj.tool_calls) == 1
+
+
+def test_inline_calls_still_obey_their_deadlines(state, tools, request_for):
+    """Inline executors and policies run on the loop's thread; an overrun is a timeout and its
+    late result is discarded."""
+    toolbox = hx.Toolbox(
+        {"search_faq": lambda a: time.sleep(0.15) or {"results": ["late"]}}, inline=["search_faq"]
+    )
+    policy = hx.ScriptedPolicy(
+        [
+            turn(C("search_faq", query="x")),
+            turn(C("load_skill", name="chit-chat"), C("reply_public", text="Hi!")),
+        ]
+    )
+    traj = hx.run_agent(
+        state, request_for("hi"), policy, toolbox, limits=hx.Limits(tool_timeout_s=0.05)
+    )
+    assert traj.tool_calls[0].error == "timeout" and "late" not in json.dumps(
+        traj.tool_calls[0].result
+    )
+    assert traj.spoken == "Hi!"
+
+    class SlowInline:
+        inline = True
+
+        def generate(self, messages, tools_, sampling):
+            time.sleep(0.3)
+            return turn(C("load_skill", name="chit-chat"), C("reply_public", text="Hi!"))
+
+    late = hx.run_agent(
+        state, request_for("hi"), SlowInline(), tools, limits=hx.Limits(budget_s=0.1)
+    )
+    assert late.faults[-1].kind == "policy_timeout" and late.spoken != "Hi!"
+    with pytest.raises(ValueError, match="inline names without an executor"):
+        hx.Toolbox({}, inline=["x"])
+    assert hx.builtin_toolbox.__doc__ and all(tools.is_inline(n) for n in tools)
