@@ -271,7 +271,7 @@ def test_everything_jits_over_varying_batch_sizes():
     # The public functions are jitted themselves (one program per N); they also nest in jit.
     rng = np.random.default_rng(0)
     w = np.array([1.0, 0.5, 2.0, 1.0], np.float32)
-    for n in (0, 1, 6, 33):
+    for n in (0, 8, 33):  # N = 8 shares its programs with the property tests below
         groups = rng.integers(-5, 5, size=n).astype(np.int32) * 1000
         rewards = rng.integers(0, 3, size=(n, 4)).astype(np.float32) / 2
         valid = (rng.random(n) < 0.8).astype(np.float32)
