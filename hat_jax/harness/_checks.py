@@ -56,16 +56,22 @@ _HANDLE = re.compile(r"[^\w.\-]+")
 
 
 _CONTROL = {"Cf": "", "Cc": " ", "Cs": "", "Co": "", "Cn": ""}
+# Chat-format control strings a viewer could type to forge turns: special tokens such as
+# `<|im_end|>` (the tokenizer would encode them as the real control token) and the format's tags.
+_FORMAT_MARKUP = re.compile(r"<\|[^<>|\s]{1,48}\|>|</?(?:think|tool_call|tool_response)>", re.I)
 
 
 def normalize_text(text: str, max_chars: int) -> str:
-    """NFKC, control/format/private-use characters removed, whitespace collapsed, capped."""
+    """NFKC; chat-format markup, control/format/private-use characters removed; whitespace
+    collapsed; capped."""
     # Bound the work first: a megabyte comment must cost no more than a long one.
     text = text[: 4 * max_chars + 64]
     if not (text.isascii() and text.isprintable()):
         text = unicodedata.normalize("NFKC", text)
         # Format characters (zero-width, bidi overrides) vanish; other controls become spaces.
         text = "".join(_CONTROL.get(unicodedata.category(ch), ch) for ch in text)
+    # After NFKC and control removal, so full-width or zero-width-split markup is caught too.
+    text = _FORMAT_MARKUP.sub(" ", text)
     text = " ".join(text.split())
     if len(text) > max_chars:
         text = text[:max_chars].rsplit(" ", 1)[0].rstrip() + " ..."

@@ -42,7 +42,9 @@ def _to_wire(message: Mapping[str, Any]) -> dict[str, Any]:
 
 def _parse_text_calls(content: str) -> tuple[str, str, list[ToolCall], list[str]]:
     """Tool calls written as text (a server without a tool-call parser), via the chat format."""
-    parsed = chat_format.parse(content)
+    # A closing think tag means the server did not split off the reasoning: the text starts
+    # inside the think block the generation prompt opened. Otherwise it is plain content.
+    parsed = chat_format.parse(content, enable_thinking="</think>" in content)
     calls = [
         ToolCall(id=f"call_text_{i}", name=c.name, arguments=dict(c.arguments))
         for i, c in enumerate(parsed.tool_calls)

@@ -205,6 +205,12 @@ def test_openai_policy_reports_bad_output_as_parse_errors(server):
     server.reply({"role": "assistant", "content": text_call})
     out = policy.generate([{"role": "user", "content": "u"}], [])
     assert out.tool_calls[0].name == "check_inventory" and out.reasoning == "look it up"
+    # Reasoning already split off by the server: the text before the call is content.
+    no_think = "Let me check.\n" + text_call.split("\n", 1)[1]
+    server.reply({"role": "assistant", "content": no_think, "reasoning_content": "r"})
+    out = policy.generate([{"role": "user", "content": "u"}], [])
+    assert out.tool_calls[0].name == "check_inventory"
+    assert (out.content, out.reasoning) == ("Let me check.", "r")
 
 
 def test_openai_policy_failures(server):
