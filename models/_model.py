@@ -112,9 +112,9 @@ class Qwen(nnx.Module):
         )
         if not c.tie_word_embeddings:
             self.lm_head = P.normal(
-                (c.hidden_size, c.vocab_size), (P.EMBED, P.VOCAB),
-                std=c.initializer_range, dtype=pd,
-            )  # fmt: skip
+                (c.hidden_size, c.vocab_size), (P.EMBED, P.VOCAB), std=c.initializer_range, dtype=pd
+            )
+        P.initialize(self, rngs.params())
 
     def _run_blocks(self, x: jax.Array, segments: Segments, rope):
         graphdef, state = nnx.split(self.blocks)

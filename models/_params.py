@@ -8,10 +8,12 @@ under a mesh (with logical rules); without one the model builds plainly on the d
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.core import meta
 from flax.core import spmd as core_spmd
@@ -52,15 +54,16 @@ def to_dtype(name: str) -> jnp.dtype:
     return jnp.dtype(name)
 
 
-def _mesh_active() -> bool:
-    return meta.get_global_mesh() is not None
+def _eager_sharding() -> bool:
+    """Shard at creation only under a mesh, and only if flax's eager sharding is on."""
+    return meta.get_global_mesh() is not None and nnx.using_eager_sharding()
 
 
 def param(value: jax.Array, names: Sequence[str | None], **metadata) -> nnx.Param:
     """An `nnx.Param` carrying logical axis `names` (one per dimension of `value`)."""
     if len(names) != value.ndim:
         raise ValueError(f"{len(names)} axis names {tuple(names)} for shape {value.shape}")
-    return nnx.Param(value, out_sharding=tuple(names), eager_sharding=_mesh_active(), **metadata)
+    return nnx.Param(value, out_sharding=tuple(names), eager_sharding=_eager_sharding(), **metadata)
 
 
 def normal(
@@ -89,22 +92,12 @@ def initialize(module: nnx.Module, key: jax.Array) -> None:
         for _, v in sorted(nnx.iter_graph(module), key=lambda item: str(item[0]))
         if isinstance(v, nnx.Param) and "init" in v.get_metadata()
     ]
-    normals = [v for v in variables if v.get_metadata()["init"][0] == "normal"]
-    uniforms = [v for v in variables if v.get_metadata()["init"][0] == "log_uniform"]
-
-    def draw(key):
-        k_normal, k_uniform = jax.random.split(key)
-        out = _draw(k_normal, normals, jax.random.normal, lambda z, init: z * init[1])
-        out += _draw(
-            k_uniform,
-            uniforms,
-            jax.random.uniform,
-            lambda z, init: jnp.log(init[1] + (init[2] - init[1]) * z),
-        )
-        return out
-
-    values = jax.jit(draw)(key)
-    for var, value in zip(normals + uniforms, values):
+    specs = tuple(
+        (v.get_metadata()["init"], tuple(v.get_value().shape), jnp.dtype(v.get_value().dtype).name)
+        for v in variables
+    )
+    values = _draw(key, specs)
+    for var, value in zip(variables, values):
         meta_ = var.get_metadata()
         if meta_.get("eager_sharding"):
             value = core_spmd.shard_value(
@@ -113,18 +106,31 @@ def initialize(module: nnx.Module, key: jax.Array) -> None:
         var.set_value(value)
 
 
-def _draw(key, variables, sampler, transform) -> list[jax.Array]:
-    """One flat draw split into the variables' shapes, each transformed by its init spec."""
-    if not variables:
-        return []
-    sizes = [int(v.get_value().size) for v in variables]
-    flat = sampler(key, (sum(sizes),), jnp.float32)
-    out, offset = [], 0
-    for var, size in zip(variables, sizes):
-        init = var.get_metadata()["init"]
-        chunk = transform(flat[offset : offset + size], init)
-        out.append(chunk.reshape(var.get_value().shape).astype(var.get_value().dtype))
-        offset += size
+@functools.partial(jax.jit, static_argnums=1)
+def _draw(key: jax.Array, specs: tuple) -> list[jax.Array]:
+    """One flat normal and one flat uniform draw, split into the parameters' shapes.
+
+    Jitted on the static `specs` (init, shape, dtype per parameter), so building the same
+    model structure again reuses the compiled draw.
+    """
+    k_normal, k_uniform = jax.random.split(key)
+    sizes = [int(np.prod(shape)) for _, shape, _ in specs]
+    normal_total = sum(n for n, (init, _, _) in zip(sizes, specs) if init[0] == "normal")
+    flat = {
+        "normal": jax.random.normal(k_normal, (normal_total,), jnp.float32),
+        "log_uniform": jax.random.uniform(k_uniform, (sum(sizes) - normal_total,), jnp.float32),
+    }
+    offsets = {"normal": 0, "log_uniform": 0}
+    out = []
+    for (init, shape, dtype), size in zip(specs, sizes):
+        kind = init[0]
+        z = flat[kind][offsets[kind] : offsets[kind] + size]
+        offsets[kind] += size
+        if kind == "normal":
+            value = z * init[1]
+        else:
+            value = jnp.log(init[1] + (init[2] - init[1]) * z)
+        out.append(value.reshape(shape).astype(dtype))
     return out
 
 
