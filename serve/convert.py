@@ -244,13 +244,20 @@ def read_hf_tensors(hf_dir: os.PathLike | str, prefix: str) -> dict[str, np.ndar
     return {n: tensors.read(n) for n in sorted(tensors.weight_map) if n.startswith(prefix)}
 
 
+def _host_slice(array: jax.Array, block: int) -> np.ndarray:
+    """`array[block]` on the host: a free view for CPU arrays, one slice's transfer otherwise."""
+    if all(d.platform == "cpu" for d in array.devices()):
+        return np.asarray(array)[block]
+    return np.asarray(jax.device_get(array[block]))
+
+
 def _layer_getter(state: Mapping[str, nnx.Variable], position: int, block: int):
-    """Get(sub-path) -> numpy array of one layer, fetched from the device once."""
+    """Get(sub-path) -> numpy array of one layer, fetched once."""
     cache: dict[str, np.ndarray] = {}
 
     def get(sub: str) -> np.ndarray:
         if sub not in cache:
-            cache[sub] = np.asarray(state[f"blocks/layers/{position}/{sub}"].get_value()[block])
+            cache[sub] = _host_slice(state[f"blocks/layers/{position}/{sub}"].get_value(), block)
         return cache[sub]
 
     return get

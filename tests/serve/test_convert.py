@@ -1,0 +1,160 @@
+"""HF <-> hat-jax conversion: exact round trips, exports that transformers loads with the same
+logits, the SGLang config fields, errors that name tensors, MTP tensors, and the CLI."""
+
+import json
+import logging
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+import transformers
+from safetensors import safe_open
+
+from serve import HFCheckpointError, load_hf, read_hf_tensors, save_hf
+from serve.convert import main as convert_main
+from tests.models.qwen_fixtures import build, qwen3_5_config, qwen3_moe_config, save
+
+SOURCES = {
+    "qwen3_5_per_expert": (lambda: qwen3_5_config(), False),
+    "qwen3_5_fused": (lambda: qwen3_5_config(), True),
+    "qwen3_moe_per_expert": (lambda: qwen3_moe_config(num_layers=2), False),
+}
+
+
+def _tensors(directory) -> dict[str, np.ndarray]:
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    out = {}
+    for file in sorted(set(index["weight_map"].values())):
+        with safe_open(directory / file, "np") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                assert index["weight_map"][name] == file
+                out[name] = f.get_tensor(name)
+    assert set(out) == set(index["weight_map"])
+    return out
+
+
+def _source_tensors(directory) -> dict[str, np.ndarray]:
+    return safetensors.numpy.load_file(directory / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """name -> (transformers model, its save_pretrained directory)."""
+    out = {}
+    for i, (name, (make, fused)) in enumerate(sorted(SOURCES.items())):
+        model = build(make(), seed=10 + i)
+        out[name] = (model, save(model, tmp_path_factory.mktemp(name), fused=fused))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_hf_to_ours_to_hf_reproduces_every_tensor(name, sources, tmp_path):
+    _, src = sources[name]
+    config, model = load_hf(src, dtype="float32")
+    experts = "fused" if SOURCES[name][1] else "per_expert"
+    out = save_hf(model, config, tmp_path, dtype="float32", layout="text",
+                  expert_layout=experts, max_shard_bytes=100_000)  # fmt: skip
+    original, exported = _source_tensors(src), _tensors(out)
+    assert sorted(exported) == sorted(original)
+    for key, value in original.items():
+        assert exported[key].dtype == value.dtype and np.array_equal(exported[key], value), key
+    assert len(list(out.glob("model-*.safetensors"))) > 1  # sharded, with an index
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_per_expert", "qwen3_moe_per_expert"])
+def test_default_export_loads_in_transformers_with_the_same_logits(name, sources, tmp_path):
+    hf_model, src = sources[name]
+    config, model = load_hf(src, dtype="float32")
+    out = save_hf(model, config, tmp_path / "export", dtype="float32")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        out, attn_implementation="eager", experts_implementation="eager"
+    )
+    ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, 96))
+    np.testing.assert_array_equal(_logits(loaded, ids), _logits(hf_model, ids))
+    written = json.loads((out / "config.json").read_text())
+    if config.is_qwen3_5:  # the vision-language wrapper SGLang serves (--language-model-only)
+        assert written["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+        text = written["text_config"]
+        assert text["full_attention_interval"] == 4 and text["rope_theta"] == 1e6
+        assert "model.language_model.embed_tokens.weight" in _tensors(out)
+        assert "model.language_model.layers.0.mlp.experts.gate_up_proj" in _tensors(out)
+        # ... and it reads back into the same parameters.
+        again_config, again = load_hf(out, dtype="float32")
+        assert again_config == config
+        np.testing.assert_array_equal(again.lm_head[...], model.lm_head[...])
+    else:  # SGLang's qwen3_moe loader reads per-expert tensors only
+        assert written["architectures"] == ["Qwen3MoeForCausalLM"]
+        assert written["num_experts"] == 8 and "model.layers.0.mlp.experts.7.up_proj.weight" in (
+            _tensors(out)
+        )
+
+
+def test_bfloat16_export_matches_torch_rounding(sources, tmp_path):
+    _, src = sources["qwen3_5_fused"]
+    config, model = load_hf(src, dtype="float32")
+    out = save_hf(model, config, tmp_path, dtype="bfloat16", layout="text")
+    exported = _tensors(out)
+    for key, value in _source_tensors(src).items():
+        want = torch.from_numpy(value).to(torch.bfloat16).view(torch.int16).numpy()
+        assert exported[key].dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(exported[key].view(np.int16), want, err_msg=key)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def _edited_copy(src, dst, edit) -> None:
+    tensors = _source_tensors(src)
+    edit(tensors)
+    dst.mkdir()
+    safetensors.numpy.save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    (dst / "config.json").write_text((src / "config.json").read_text())
+
+
+def test_broken_checkpoints_name_the_tensors(sources, tmp_path):
+    _, src = sources["qwen3_moe_per_expert"]
+    gate = "model.layers.1.mlp.gate.weight"
+    _edited_copy(src, tmp_path / "missing", lambda t: t.pop(gate))
+    with pytest.raises(HFCheckpointError, match=rf"1 missing: {gate}"):
+        load_hf(tmp_path / "missing")
+    _edited_copy(src, tmp_path / "extra", lambda t: t.update({"model.layers.2.x": np.ones(1)}))
+    with pytest.raises(HFCheckpointError, match=r"1 unexpected: model\.layers\.2\.x"):
+        load_hf(tmp_path / "extra")
+    _edited_copy(src, tmp_path / "shape", lambda t: t.update({gate: np.ones((8, 63), np.float32)}))
+    with pytest.raises(HFCheckpointError, match=rf"{gate}: file \(8, 63\) vs expected \(8, 64\)"):
+        load_hf(tmp_path / "shape")
+
+
+def test_mtp_tensors_are_reported_not_loaded_and_can_be_carried(sources, tmp_path, caplog):
+    _, src = sources["qwen3_5_fused"]
+    mtp = {"mtp.fc.weight": np.arange(64 * 128, dtype=np.float32).reshape(64, 128)}
+    _edited_copy(src, tmp_path / "with_mtp", lambda t: t.update(mtp))
+    with caplog.at_level(logging.WARNING):
+        config, model = load_hf(tmp_path / "with_mtp")
+    assert "1 mtp.* tensors not loaded (MTP head not yet supported)" in caplog.text
+    carried = read_hf_tensors(tmp_path / "with_mtp", "mtp.")
+    out = save_hf(model, config, tmp_path / "out", dtype="float32", extra_tensors=carried)
+    np.testing.assert_array_equal(_tensors(out)["mtp.fc.weight"], mtp["mtp.fc.weight"])
+
+
+def test_cli_round_trip_through_an_orbax_checkpoint(sources, tmp_path):
+    _, src = sources["qwen3_5_per_expert"]
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer_config.json").write_text('{"model_max_length": 4096}')
+    checkpoint, out = tmp_path / "orbax", tmp_path / "hf"
+    convert_main(["from-hf", "--hf_dir", str(src), "--out", str(checkpoint)])
+    assert (checkpoint / "model_config.json").is_file()
+    convert_main([
+        "to-hf", "--checkpoint", str(checkpoint), "--out", str(out), "--dtype", "float32",
+        "--layout", "text", "--expert_layout", "per_expert", "--tokenizer_dir", str(tokenizer),
+    ])  # fmt: skip
+    original, exported = _source_tensors(src), _tensors(out)
+    assert sorted(exported) == sorted(original)
+    assert all(np.array_equal(exported[k], v) for k, v in original.items())
+    assert (out / "tokenizer_config.json").read_text() == '{"model_max_length": 4096}'
