@@ -1,2 +1,99 @@
 """Data: Grain sources and transforms, teacher-corpus generation, the demo tokenizer and the
-bundled live-commerce assets. Trains nothing."""
+bundled live-commerce assets. Trains nothing.
+
+Public API:
+    Trajectories to training conversations (`data._convert`):
+        Conversation, ConversionError, MODEL_ERRORS, trajectory_conversation,
+        clean_retries, mark_retries, has_retries, split_rows
+    Online Harness-State Augmentation of stored conversations (`data._rerender`):
+        rerender, RerenderError, pin_constraints, loaded_skills
+    Records to token rows (`data._examples`):
+        RenderOptions, Prepared, prepare, decode_record, TRUNCATION_POLICIES
+    Corpus records and files (`data._records`):
+        CORPUS_SCHEMA, corpus_record, state_info, CorpusWriter, write_json
+    Record sources: open_source, JsonlSource
+    General instructions for OPD (`data._instructions`):
+        Instruction, load_instructions, parse_instruction, check_constraints,
+        CONSTRAINT_TYPES, DEMO_INSTRUCTIONS
+    The Grain pipelines (`data.pipeline`):
+        PipelineConfig, OnlineHSAConfig, BATCH_KEYS, sft_data, build_sft_dataset,
+        make_augmenter, opd_prompt_data, DataIterator, pad_id
+    The demo tokenizer: `data.tokenizer.load_tokenizer` (module `data.tokenizer`).
+"""
+
+from data._convert import (
+    MODEL_ERRORS,
+    Conversation,
+    ConversionError,
+    clean_retries,
+    has_retries,
+    mark_retries,
+    split_rows,
+    trajectory_conversation,
+)
+from data._examples import TRUNCATION_POLICIES, Prepared, RenderOptions, decode_record, prepare
+from data._instructions import (
+    CONSTRAINT_TYPES,
+    DEMO_INSTRUCTIONS,
+    Instruction,
+    check_constraints,
+    load_instructions,
+    parse_instruction,
+)
+from data._iterator import DataIterator
+from data._records import SCHEMA as CORPUS_SCHEMA
+from data._records import CorpusWriter, corpus_record, state_info, write_json
+from data._rerender import RerenderError, loaded_skills, pin_constraints, rerender
+from data._sources import JsonlSource, open_source
+from data.pipeline import (
+    BATCH_KEYS,
+    OnlineHSAConfig,
+    PipelineConfig,
+    build_sft_dataset,
+    make_augmenter,
+    opd_prompt_data,
+    pad_id,
+    sft_data,
+)
+
+__all__ = [
+    "BATCH_KEYS",
+    "CONSTRAINT_TYPES",
+    "CORPUS_SCHEMA",
+    "DEMO_INSTRUCTIONS",
+    "MODEL_ERRORS",
+    "TRUNCATION_POLICIES",
+    "Conversation",
+    "ConversionError",
+    "CorpusWriter",
+    "DataIterator",
+    "Instruction",
+    "JsonlSource",
+    "OnlineHSAConfig",
+    "PipelineConfig",
+    "Prepared",
+    "RenderOptions",
+    "RerenderError",
+    "build_sft_dataset",
+    "check_constraints",
+    "clean_retries",
+    "corpus_record",
+    "decode_record",
+    "has_retries",
+    "load_instructions",
+    "loaded_skills",
+    "make_augmenter",
+    "mark_retries",
+    "opd_prompt_data",
+    "open_source",
+    "pad_id",
+    "parse_instruction",
+    "pin_constraints",
+    "prepare",
+    "rerender",
+    "sft_data",
+    "split_rows",
+    "state_info",
+    "trajectory_conversation",
+    "write_json",
+]

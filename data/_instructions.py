@@ -1,0 +1,185 @@
+"""General instructions for on-policy distillation: the bundled set, Tulu3 JSONL, constraints.
+
+General OPD (paper §3.4) samples the student on general instructions (Tulu3 in the paper) and
+pulls it toward the pre-SFT base model. This module provides those prompts:
+
+- `load_instructions(path=None)`: the bundled demo set (`data/instructions/demo.jsonl`, small
+  general tasks each with verifiable constraints) or any Tulu3-format JSONL at a local path
+  (`{"id", "messages": [{"role", "content"}, ...], "source", ...}`); never downloads. The
+  prompt is the conversation up to its last user turn; a final assistant turn, if any, is kept
+  as the reference. Malformed lines are counted and skipped with their line numbers logged.
+- `check_constraints(response, constraints)`: verifies IFEval-style constraints
+  (`{"type": "max_words", "value": 60}`, ...) on a response, one bool per constraint, so the
+  demo can measure instruction following before and after each stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+_log = logging.getLogger(__name__)
+
+DEMO_INSTRUCTIONS = pathlib.Path(__file__).resolve().parent / "instructions" / "demo.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One general instruction.
+
+    Attributes:
+      id: the record id.
+      messages: the prompt: OpenAI-style messages ending with a user turn.
+      constraints: verifiable constraints on the response (see `CONSTRAINT_TYPES`).
+      reference: a reference response, when the source has one.
+      source: where the record comes from.
+    """
+
+    id: str
+    messages: tuple[Mapping[str, Any], ...]
+    constraints: tuple[Mapping[str, Any], ...] = ()
+    reference: str | None = None
+    source: str = ""
+
+    def to_record(self) -> dict[str, Any]:
+        """A `{"messages"}` record (with the reference reply, when there is one) for SFT."""
+        messages = [dict(m) for m in self.messages]
+        if self.reference is not None:
+            messages.append({"role": "assistant", "content": self.reference})
+        return {"id": self.id, "messages": messages, "constraints": list(self.constraints)}
+
+
+_WORD = re.compile(r"\b\w[\w'-]*\b")
+_SENTENCE = re.compile(r"[^.!?]+[.!?]+|[^.!?]+$")
+_BULLET = re.compile(r"^\s*[*-]\s+\S", re.M)
+
+
+def _words(text: str) -> int:
+    return len(_WORD.findall(text))
+
+
+def _sentences(text: str) -> int:
+    return len([s for s in _SENTENCE.findall(text.strip()) if s.strip()])
+
+
+def _paragraphs(text: str) -> int:
+    return len([p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()])
+
+
+def _is_json(text: str) -> bool:
+    body = text.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.S)
+    try:
+        json.loads(fenced[1] if fenced else body)
+    except ValueError:
+        return False
+    return True
+
+
+def _has_all(text: str, words: Sequence[str]) -> bool:
+    return all(re.search(rf"\b{re.escape(w)}\b", text, re.I) for w in words)
+
+
+def _has_none(text: str, words: Sequence[str]) -> bool:
+    return not any(re.search(rf"\b{re.escape(w)}\b", text, re.I) for w in words)
+
+
+# type -> (checker(response, constraint), required fields)
+CONSTRAINT_TYPES: dict[str, tuple[Callable[[str, Mapping[str, Any]], bool], tuple[str, ...]]] = {
+    "max_words": (lambda r, c: _words(r) <= c["value"], ("value",)),
+    "min_words": (lambda r, c: _words(r) >= c["value"], ("value",)),
+    "max_sentences": (lambda r, c: _sentences(r) <= c["value"], ("value",)),
+    "num_bullets": (lambda r, c: len(_BULLET.findall(r)) == c["value"], ("value",)),
+    "num_paragraphs": (lambda r, c: _paragraphs(r) == c["value"], ("value",)),
+    "include_keywords": (lambda r, c: _has_all(r, c["keywords"]), ("keywords",)),
+    "exclude_words": (lambda r, c: _has_none(r, c["words"]), ("words",)),
+    "no_commas": (lambda r, c: "," not in r, ()),
+    "all_lowercase": (lambda r, c: r == r.lower() and any(ch.isalpha() for ch in r), ()),
+    "all_uppercase": (lambda r, c: r == r.upper() and any(ch.isalpha() for ch in r), ()),
+    "start_with": (lambda r, c: r.strip().lower().startswith(c["phrase"].lower()), ("phrase",)),
+    "end_with": (lambda r, c: r.strip().lower().endswith(c["phrase"].lower()), ("phrase",)),
+    "json_format": (lambda r, c: _is_json(r), ()),
+    "quotation": (lambda r, c: len(r.strip()) > 1 and r.strip()[0] == r.strip()[-1] == '"', ()),
+    "title": (lambda r, c: re.search(r"<<[^<>\n]+>>", r) is not None, ()),
+}
+
+
+def validate_constraint(constraint: Any) -> Mapping[str, Any]:
+    """Checks a constraint's type and fields; returns it. ValueError names the problem."""
+    if not isinstance(constraint, Mapping):
+        raise ValueError(f"a constraint must be an object, got {constraint!r}")
+    kind = constraint.get("type")
+    if kind not in CONSTRAINT_TYPES:
+        raise ValueError(f"unknown constraint type {kind!r}; known: {sorted(CONSTRAINT_TYPES)}")
+    missing = [f for f in CONSTRAINT_TYPES[kind][1] if f not in constraint]
+    if missing:
+        raise ValueError(f"constraint {kind!r} lacks field(s) {missing}")
+    return constraint
+
+
+def check_constraints(response: str, constraints: Sequence[Mapping[str, Any]]) -> list[bool]:
+    """Whether `response` satisfies each constraint (in order)."""
+    return [
+        bool(CONSTRAINT_TYPES[validate_constraint(c)["type"]][0](response, c)) for c in constraints
+    ]
+
+
+def parse_instruction(record: Mapping[str, Any], default_id: str) -> Instruction:
+    """An `Instruction` from a Tulu3-format record (ValueError names the bad field)."""
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("field 'messages' must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or m.get("role") not in ("system", "user", "assistant"):
+            raise ValueError(f"messages[{i}]: expected a system, user or assistant message")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}].content must be a string")
+    reference = None
+    if messages[-1]["role"] == "assistant":
+        reference, messages = messages[-1]["content"], messages[:-1]
+    if not messages or messages[-1]["role"] != "user":
+        raise ValueError("the prompt must end with a user message")
+    constraints = tuple(validate_constraint(c) for c in record.get("constraints") or ())
+    return Instruction(
+        id=str(record.get("id") or default_id),
+        messages=tuple({"role": m["role"], "content": m["content"]} for m in messages),
+        constraints=constraints,
+        reference=reference,
+        source=str(record.get("source") or ""),
+    )
+
+
+def load_instructions(path: os.PathLike | str | None = None) -> list[Instruction]:
+    """The bundled demo set (`path=None`) or a local Tulu3-format JSONL file.
+
+    Malformed lines are skipped, counted and logged by line number; a file with no usable line
+    is an error.
+
+    Raises:
+      FileNotFoundError: `path` does not exist (nothing is ever downloaded).
+      ValueError: no line of the file is a usable instruction.
+    """
+    path = pathlib.Path(path) if path is not None else DEMO_INSTRUCTIONS
+    if not path.is_file():
+        raise FileNotFoundError(f"instruction file {path} does not exist")
+    out, bad = [], 0
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(parse_instruction(json.loads(line), f"{path.stem}-{n}"))
+            except ValueError as err:
+                bad += 1
+                _log.warning("skipping %s:%d: %s", path, n, err)
+    if not out:
+        raise ValueError(f"{path}: no usable instruction ({bad} malformed lines)")
+    if bad:
+        _log.warning("%s: %d malformed lines skipped, %d instructions read", path, bad, len(out))
+    return out

@@ -1,0 +1,405 @@
+"""The Grain pipeline that feeds SFT: records -> packed, batched, per-process token rows.
+
+    source (ArrayRecord / JSONL)  ─► this process's records ─► shuffle (per epoch) ─► repeat
+      ─► prepare [worker processes optional]: decode, optional online HSA re-render under a
+         fresh augmentation, split into rows, render (chat format, loss mask), truncate
+      ─► rows + bookkeeping (main process)  ─► first-fit pack (segment ids, positions)
+      ─► batch ─► `DataIterator` (get_state / set_state, stats)
+
+Each stage is a pure function under a thin Grain transform (`data._examples.prepare` does the
+work). Batches are exactly what `hat_jax.train` consumes (`hat_jax.train.DataSource`): the
+process-local rows of the global batch, each key int32 `[b, seq_len]`:
+
+- `input_ids`: token ids; padding is the tokenizer's pad token.
+- `loss_mask`: 1 on tokens the assistant produced (the trainer predicts token t+1 from t and
+  learns where `loss_mask[t+1]` is 1 within one segment).
+- `segment_ids`: 1, 2, ... per packed conversation within a row, 0 on padding.
+- `positions`: position within its conversation, restarting at 0.
+
+Determinism: every random choice (shuffle order per epoch, online augmentation, bin order)
+derives from `seed` and the element's index, so the same config gives the same batches, with or
+without worker processes. `get_state()` (JSON) taken after a batch and given to `set_state()`
+on a fresh iterator continues with exactly the batches an uninterrupted run would produce; the
+trainer saves it with each checkpoint.
+
+Multi-host: each JAX process reads every `process_count`-th record and packs them alone. With
+`num_epochs=None` (the default) the stream never ends and the trainer stops at its step count;
+with a finite epoch count, processes may run out one batch apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from data._accounting import RowsIterDataset
+from data._examples import Augmenter, RenderOptions, prepare
+from data._instructions import Instruction
+from data._iterator import DataIterator
+from data._prompts import PreparePrompt
+from data._sources import open_source
+
+BATCH_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OnlineHSAConfig:
+    """Online Harness-State Augmentation of stored trajectories.
+
+    Attributes:
+      probability: chance per record and epoch of re-rendering under a fresh augmentation
+        (0 = off; records without a stored trajectory are always rendered as stored).
+      dims: the HSA dimensions to draw from (None = `hat_jax.hsa`'s default). Numeric prompt
+        constraints are pinned to the trajectory's, whatever the dimensions.
+      strength: HSA strength.
+      harness_dir: the base Harness (None = the bundled `data/livestream`).
+    """
+
+    probability: float = 0.0
+    dims: tuple[str, ...] | None = None
+    strength: float = 1.0
+    harness_dir: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    """The SFT data pipeline.
+
+    Attributes:
+      sources: record files or corpus directories (see `split`).
+      split: in a corpus directory, read `<split>-*.array_record` (or `<split>.jsonl`).
+      seq_len: packed row length.
+      global_batch_size: rows per step over all processes.
+      seed: the one seed every random choice derives from.
+      shuffle: shuffle records (differently each epoch).
+      num_epochs: passes over the data; None repeats forever.
+      truncation: "drop" or "right" for rows longer than `seq_len` (`data._examples`).
+      enable_thinking, preserve_thinking: render options (see `hat_jax.chat_format`).
+      pack_bins: rows packed at once by first-fit (None: max(local batch, 16)); more bins,
+        less padding.
+      shuffle_bins: shuffle the rows of each packed group (seeded).
+      worker_count: worker processes for decoding and rendering (0 = in this process).
+      worker_buffer_size: prepared records buffered per worker.
+      read_threads: threads preparing records when there are no workers.
+      online_hsa: online augmentation of stored trajectories.
+      tokenizer_dir: a Hugging Face tokenizer directory (None = the demo tokenizer).
+    """
+
+    sources: tuple[str, ...]
+    split: str | None = None
+    seq_len: int
+    global_batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    num_epochs: int | None = None
+    truncation: str = "drop"
+    enable_thinking: bool = True
+    preserve_thinking: bool = False
+    pack_bins: int | None = None
+    shuffle_bins: bool = True
+    worker_count: int = 0
+    worker_buffer_size: int = 8
+    read_threads: int = 1
+    online_hsa: OnlineHSAConfig = OnlineHSAConfig()
+    tokenizer_dir: str | None = None
+
+    def __post_init__(self):
+        if isinstance(self.sources, str | os.PathLike):
+            object.__setattr__(self, "sources", (str(self.sources),))
+        object.__setattr__(self, "sources", tuple(str(s) for s in self.sources))
+        if not self.sources:
+            raise ValueError("PipelineConfig.sources is empty")
+        if self.global_batch_size < 1:
+            raise ValueError(f"global_batch_size must be positive, got {self.global_batch_size}")
+        if self.num_epochs is not None and self.num_epochs < 1:
+            raise ValueError(f"num_epochs must be positive or None, got {self.num_epochs}")
+        self.render_options()  # validates seq_len, truncation, probability
+
+    def render_options(self) -> RenderOptions:
+        return RenderOptions(
+            seq_len=self.seq_len,
+            truncation=self.truncation,
+            enable_thinking=self.enable_thinking,
+            preserve_thinking=self.preserve_thinking,
+            hsa_probability=self.online_hsa.probability,
+        )
+
+
+def make_augmenter(config: OnlineHSAConfig) -> Augmenter:
+    """A fresh-augmentation function over the base Harness, using `hat_jax.hsa.augment`."""
+    from hat_jax import harness as hx
+    from hat_jax import hsa
+
+    base = hx.load(config.harness_dir or hx.default_world_dir())
+    kwargs: dict[str, Any] = {"strength": config.strength}
+    if config.dims is not None:
+        kwargs["dims"] = tuple(config.dims)
+    return functools.partial(_augment_with, hsa.augment, hsa.Preserve, base, kwargs)
+
+
+def _augment_with(augment, preserve, base, kwargs, rng: np.random.Generator, skills):
+    seed = int(rng.integers(2**31 - 1))
+    return augment(base, seed=seed, preserve=preserve(skills=skills), **kwargs)
+
+
+class _Prepare:
+    """`(location, raw)` at stream index i -> `(location, Prepared)`; picklable for workers."""
+
+    def __init__(self, tokenizer, options: RenderOptions, seed: int, augmenter: Augmenter | None):
+        self.tokenizer, self.options, self.seed, self.augmenter = (
+            tokenizer,
+            options,
+            seed,
+            augmenter,
+        )
+
+    def __call__(self, index: int, item: tuple[str, Any]):
+        location, raw = item
+        rng = np.random.default_rng([self.seed, 0x5EED, index])
+        prepared = prepare(
+            raw,
+            record_id=location,
+            tokenizer=self.tokenizer,
+            options=self.options,
+            rng=rng,
+            augmenter=self.augmenter,
+        )
+        return location, prepared
+
+
+class _Locate:
+    """`raw` at source index i -> `(location, raw)` (indices past the end wrap, as in Grain)."""
+
+    def __init__(self, source: Any):
+        self.source, self.size = source, len(source)
+
+    def __call__(self, index: int, raw: Any) -> tuple[str, Any]:
+        i = index % self.size
+        locate = getattr(self.source, "location", None)
+        return (locate(i) if locate else f"record {i}"), raw
+
+
+def _packed_to_batch_row(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {
+        "input_ids": packed["input_ids"].astype(np.int32),
+        "loss_mask": packed["loss_mask"].astype(np.int32),
+        "segment_ids": packed["input_ids_segment_ids"].astype(np.int32),
+        "positions": packed["input_ids_positions"].astype(np.int32),
+    }
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The tokenizer's padding id (`<|endoftext|>` for Qwen tokenizers)."""
+    value = getattr(tokenizer, "pad_token_id", None)
+    if value is None and hasattr(tokenizer, "token_to_id"):
+        value = tokenizer.token_to_id("<|endoftext|>")
+    if value is None:
+        raise ValueError("the tokenizer has no pad token and no <|endoftext|> token")
+    return int(value)
+
+
+def build_sft_dataset(
+    config: PipelineConfig,
+    *,
+    tokenizer: Any,
+    source: Any | None = None,
+    augmenter: Augmenter | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> grain.IterDataset:
+    """The Grain dataset of process-local batches (`sft_data` wraps it in a `DataIterator`).
+
+    Args:
+      config: the pipeline config.
+      tokenizer: what `hat_jax.chat_format.render_tokens` accepts.
+      source: a random-access source of records (default: `config.sources`).
+      augmenter: fresh Harness states for online HSA (default: from `config.online_hsa`).
+      process_index, process_count: this JAX process and how many read the data.
+    """
+    if config.global_batch_size % process_count:
+        raise ValueError(
+            f"global_batch_size {config.global_batch_size} is not divisible by "
+            f"{process_count} processes"
+        )
+    local_batch = config.global_batch_size // process_count
+    source = source if source is not None else open_source(config.sources, config.split)
+    if augmenter is None and config.online_hsa.probability > 0:
+        augmenter = make_augmenter(config.online_hsa)
+    ds = grain.MapDataset.source(source).map_with_index(_Locate(source))
+    ds = ds[process_index::process_count]
+    if len(ds) == 0:
+        raise ValueError(f"process {process_index} of {process_count} has no records")
+    records_per_epoch = len(ds)
+    if config.shuffle:
+        ds = ds.shuffle(seed=config.seed)
+    ds = ds.repeat(config.num_epochs)
+    ds = ds.map_with_index(_Prepare(tokenizer, config.render_options(), config.seed, augmenter))
+    read = grain.ReadOptions(num_threads=config.read_threads, prefetch_buffer_size=64)
+    it = ds.to_iter_dataset(read)
+    if config.worker_count > 0:
+        _ensure_flags_parsed()
+        it = it.mp_prefetch(
+            grain.MultiprocessingOptions(
+                num_workers=config.worker_count, per_worker_buffer_size=config.worker_buffer_size
+            )
+        )
+    rows = RowsIterDataset(it, max_barren=records_per_epoch)
+    length = {"input_ids": config.seq_len, "loss_mask": config.seq_len}
+    packed = grain.experimental.FirstFitPackIterDataset(
+        rows,
+        length_struct=length,
+        num_packing_bins=config.pack_bins or max(local_batch, 16),
+        seed=config.seed,
+        shuffle_bins=config.shuffle_bins,
+        padding_struct={"input_ids": pad_id(tokenizer), "loss_mask": 0},
+    )
+    return packed.map(_packed_to_batch_row).batch(local_batch, drop_remainder=True)
+
+
+def _ensure_flags_parsed() -> None:
+    """Grain's worker processes read absl flags; outside an absl main, use their defaults."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def _fingerprint(config: PipelineConfig, process_index: int, process_count: int) -> str:
+    """Identifies what a saved state is a position in (not the worker count or buffers)."""
+    keys = dict(
+        sources=config.sources,
+        split=config.split,
+        seq_len=config.seq_len,
+        batch=config.global_batch_size,
+        seed=config.seed,
+        shuffle=config.shuffle,
+        epochs=config.num_epochs,
+        truncation=config.truncation,
+        thinking=(config.enable_thinking, config.preserve_thinking),
+        bins=(config.pack_bins, config.shuffle_bins),
+        hsa=dataclasses.asdict(config.online_hsa),
+        process=(process_index, process_count),
+    )
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _sft_measure(batch) -> dict[str, int]:
+    return {
+        "slots": batch["input_ids"].size,
+        "tokens": np.count_nonzero(batch["segment_ids"]),
+        "target_tokens": np.count_nonzero(batch["loss_mask"]),
+    }
+
+
+def sft_data(
+    config: PipelineConfig,
+    *,
+    tokenizer: Any | None = None,
+    source: Any | None = None,
+    augmenter: Augmenter | None = None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> DataIterator:
+    """The SFT batch iterator for this JAX process (a `hat_jax.train.DataSource`).
+
+    `tokenizer` defaults to `config.tokenizer_dir` (or the demo tokenizer); process index and
+    count default to JAX's. `stats()` adds batches, slots, tokens (non-padding), target
+    tokens and the padding fraction to the record counts.
+    """
+    tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(config.tokenizer_dir)
+    process_index, process_count = _process(process_index, process_count)
+    dataset = build_sft_dataset(
+        config,
+        tokenizer=tokenizer,
+        source=source,
+        augmenter=augmenter,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    return DataIterator(dataset, _fingerprint(config, process_index, process_count), _sft_measure)
+
+
+def _load_tokenizer(path: str | None):
+    from data.tokenizer import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _process(index: int | None, count: int | None) -> tuple[int, int]:
+    if index is None or count is None:
+        import jax
+
+        return jax.process_index(), jax.process_count()
+    if not 0 <= index < count:
+        raise ValueError(f"process_index {index} is not in [0, {count})")
+    return index, count
+
+
+def opd_prompt_data(
+    instructions: Sequence[Instruction],
+    *,
+    global_batch_size: int,
+    max_prompt_len: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    enable_thinking: bool = True,
+    tokenizer: Any | None = None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> DataIterator:
+    """Batches of instruction prompts for General OPD, for this JAX process.
+
+    Each batch: `prompt_ids` int32 `[b, max_prompt_len]` (right-padded with the pad token),
+    `prompt_lengths` int32 `[b]`, and `index` int32 `[b]` into `instructions` (for ids,
+    constraints and references). Prompts longer than `max_prompt_len` are dropped and counted.
+    Deterministic in `seed`; state save/restore as for SFT.
+    """
+    if not instructions:
+        raise ValueError("opd_prompt_data: no instructions")
+    tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(None)
+    process_index, process_count = _process(process_index, process_count)
+    if global_batch_size % process_count:
+        raise ValueError(
+            f"global_batch_size {global_batch_size} is not divisible by {process_count} processes"
+        )
+    items = list(enumerate(instructions))
+    ds = grain.MapDataset.source(items)[process_index::process_count]
+    if len(ds) == 0:
+        raise ValueError(f"process {process_index} of {process_count} has no instructions")
+    barren = len(ds)
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    prepare_prompt = PreparePrompt(
+        tokenizer,
+        max_prompt_len=max_prompt_len,
+        pad=pad_id(tokenizer),
+        enable_thinking=enable_thinking,
+    )
+    it = ds.repeat(num_epochs).map_with_index(prepare_prompt).to_iter_dataset()
+    batches = RowsIterDataset(it, max_barren=barren).batch(
+        global_batch_size // process_count, drop_remainder=True
+    )
+    keys = dict(
+        n=len(instructions),
+        ids=hashlib.sha256("\n".join(i.id for i in instructions).encode()).hexdigest(),
+        batch=global_batch_size,
+        max_prompt_len=max_prompt_len,
+        seed=seed,
+        shuffle=shuffle,
+        epochs=num_epochs,
+        thinking=enable_thinking,
+        process=(process_index, process_count),
+    )
+    fingerprint = hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
+    return DataIterator(
+        batches, fingerprint, lambda b: {"prompt_tokens": b["prompt_lengths"].sum()}
+    )
