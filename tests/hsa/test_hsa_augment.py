@@ -1,0 +1,238 @@
+"""augment(): determinism, the five dimensions one at a time, task preservation, consistency
+of renames with executors, and function preservation of tools."""
+
+import dataclasses
+
+import pytest
+
+from hat_jax import chat_format, hsa
+from hat_jax import harness as hx
+
+DIMS = list(hsa.Dim)
+
+
+def rendered(state: hx.HarnessState, world: hx.World, text: str = "how much is the serum?") -> str:
+    """The first prompt the policy sees: system turn (with tool schemas) and the user turn."""
+    request = world.make_request(hx.Comment(text=text, viewer_id="v1001", handle="lily"))
+    messages = [
+        {"role": "system", "content": hx.build_system_prompt(state, request)},
+        {"role": "user", "content": hx.build_user_message(state, request)},
+    ]
+    return chat_format.render(messages, hx.tool_schemas(state), add_generation_prompt=True)
+
+
+def test_same_seed_same_state_and_different_seeds_differ(base):
+    a = hsa.augment(base, seed=11)
+    b = hsa.augment(base, seed=11)
+    c = hsa.augment(base, seed=12)
+    assert a.harness.version == b.harness.version and a.renames == b.renames
+    assert c.harness.version != a.harness.version
+    assert not hx.validate(a.harness, a.renames)
+
+
+def test_strength_zero_or_no_dims_is_identity(base):
+    assert hsa.augment(base, seed=3, strength=0.0).harness is base
+    assert hsa.augment(base, seed=3, dims="none").harness is base
+    with pytest.raises(ValueError, match="strength"):
+        hsa.augment(base, seed=3, strength=1.5)
+    with pytest.raises(ValueError, match="unknown HSA dimension 'tools'"):
+        hsa.augment(base, seed=3, dims="tools")
+
+
+@pytest.mark.parametrize("dim", DIMS, ids=[d.value for d in DIMS])
+def test_each_dimension_alone_changes_only_what_it_owns(base, world, dim):
+    for seed in range(6):
+        state = hsa.augment(base, seed=seed, dims={dim})
+        changed = {d for d, what in hsa.changes(base, state).items() if what}
+        assert changed == {dim}, (seed, hsa.changes(base, state))
+
+
+@pytest.mark.parametrize("dim", [d for d in DIMS if d != hsa.Dim.SKILL_CONTENT])
+def test_each_dimension_alone_changes_the_first_prompt(base, world, dim):
+    # Skill content is read only once a Skill is loaded; tests/rl/sim covers that round.
+    before = rendered(hx.HarnessState(harness=base), world)
+    for seed in range(6):
+        assert rendered(hsa.augment(base, seed=seed, dims={dim}), world) != before
+
+
+def test_switching_a_dimension_does_not_change_what_another_draws(base):
+    alone = hsa.augment(base, seed=5, dims={hsa.Dim.SYSTEM_PROMPT})
+    both = hsa.augment(base, seed=5, dims={hsa.Dim.SYSTEM_PROMPT, hsa.Dim.HOOK})
+    assert alone.harness.prompt.blocks == both.harness.prompt.blocks
+    assert alone.harness.prompt.constraints == both.harness.prompt.constraints
+
+
+def test_renames_are_consistent_and_reach_executors_only_by_surface_name(base, world):
+    state = hsa.augment(base, seed=2, dims={hsa.Dim.TOOL_DEF}, strength=1.0)
+    price = state.surface_tool("get_price_promotion")
+    assert price != "get_price_promotion" and state.resolve_tool(price) == "get_price_promotion"
+    assert state.resolve_tool("get_price_promotion") is None  # the old name is unknown
+    # Skills authorise tools under their new names, and rules mention the new names.
+    qa = state.harness.skill("product-qa")
+    assert price in qa.allowed_tools and "get_price_promotion" not in qa.allowed_tools
+    assert f"{{tool:{price}}}" in " ".join(r.text for r in qa.rules)
+
+    calls = []
+    tools = hx.Toolbox(
+        {"get_price_promotion": lambda a: calls.append(a) or world.price_info(a["product_id"])}
+    )
+    load = state.surface_tool("load_skill")
+    policy = hx.ScriptedPolicy(
+        [
+            hx.AssistantTurn(
+                tool_calls=(
+                    hx.call(load, name="product-qa"),
+                    hx.call("get_price_promotion", product_id="BT-001"),
+                    hx.call(price, product_id="BT-001"),
+                )
+            ),
+            hx.AssistantTurn(
+                tool_calls=(hx.call(state.surface_tool("reply_public"), text="¥149 tonight!"),)
+            ),
+        ]
+    )
+    traj = hx.run_agent(state, world.make_request("how much?"), policy, tools)
+    old, new = traj.tool_calls[1], traj.tool_calls[2]
+    assert old.canonical is None and old.error == "unknown_tool"
+    assert new.canonical == "get_price_promotion" and new.error is None
+    assert calls == [{"product_id": "BT-001"}]  # only the surface-name call was executed
+
+
+def test_skill_mentions_follow_renames(base):
+    """negative-feedback mentions after-sales in plain text; after a rename it names the new one."""
+    for seed in range(20):
+        state = hsa.augment(base, seed=seed, dims={hsa.Dim.SKILL_ID}, strength=1.0)
+        new = state.surface_skill("after-sales")
+        nf = state.surface_skill("negative-feedback")
+        if new and nf and new != "after-sales":
+            index = hx.render_text(state.harness.skill(nf).description, state)
+            assert new in index and "after-sales" not in index
+            return
+    pytest.fail("no draw renamed after-sales while keeping negative-feedback")
+
+
+def strip(schema):
+    """A schema without descriptions: what a tool does."""
+    if isinstance(schema, dict):
+        return {k: strip(v) for k, v in schema.items() if k != "description"}
+    return schema
+
+
+def test_tools_keep_their_function(base):
+    for seed in range(10):
+        state = hsa.augment(base, seed=seed, strength=1.0)
+        for t in state.harness.tools:
+            old = base.tool(state.renames.canonical_tool(t.name))
+            assert strip(hx.thaw(t.parameters)) == strip(hx.thaw(old.parameters))
+            assert (t.category, t.provider, t.side_effects, t.context_args) == (
+                old.category,
+                old.provider,
+                old.side_effects,
+                old.context_args,
+            )
+
+
+def test_constraints_move_within_valid_ranges(base):
+    seen = {c.name: set() for c in base.prompt.constraints}
+    for seed in range(30):
+        state = hsa.augment(base, seed=seed, dims={hsa.Dim.SYSTEM_PROMPT}, strength=0.8)
+        for c in state.harness.prompt.constraints:
+            assert c.min <= c.value <= c.max
+            seen[c.name].add(c.value)
+    assert all(len(values) > 1 for values in seen.values()), seen
+
+
+def test_preserve_keeps_what_the_task_needs(base):
+    preserve = hsa.Preserve(
+        skills={"after-sales", "negative-feedback"},
+        rules={"product-qa#5", "after-sales#5"},
+        min_rounds=3,
+        min_reply_chars=180,
+        min_reply_sentences=3,
+        retry_hooks={"reply_length", "require_reply_skill"},
+    )
+    for seed in range(40):
+        s = hsa.augment(base, seed=seed, strength=1.0, preserve=preserve)
+        for canonical in preserve.skills:
+            assert s.surface_skill(canonical) is not None
+        rules = {r.id for sk in s.harness.skills for r in sk.rules}
+        assert {"product-qa#5", "after-sales#5"} <= rules
+        critical = {r.id for sk in base.skills for r in sk.rules if r.critical}
+        kept = {s.renames.canonical_skill(sk.name) for sk in s.harness.skills}
+        assert {r for r in critical if r.split("#")[0] in kept} <= rules
+        p = s.harness.prompt
+        assert p.constraint("max_rounds") >= 3 and p.constraint("reply_max_chars") >= 180
+        assert p.constraint("reply_max_sentences") >= 3
+        for name in preserve.retry_hooks:
+            rule = s.harness.hooks.rule(name)
+            assert rule.action == "retry" and rule.max_retries >= 1
+        assert s.harness.hooks.max_total_retries >= 1
+        assert any(sk.kind == "reply" for sk in s.harness.skills)
+
+
+def test_masking_never_removes_the_last_skill_for_a_gated_tool(base):
+    for seed in range(40):
+        s = hsa.augment(base, seed=seed, dims={hsa.Dim.SKILL_ID}, strength=1.0)
+        allowed = {t for sk in s.harness.skills for t in sk.allowed_tools}
+        gated = [t.name for t in s.harness.tools if t.category in ("commerce", "marketing")]
+        assert set(gated) <= allowed
+
+
+def test_synthetic_skills_are_new_names_that_authorise_no_action(base):
+    added = set()
+    for seed in range(30):
+        s = hsa.augment(base, seed=seed, dims={hsa.Dim.SKILL_ID}, strength=1.0)
+        for sk in s.harness.skills:
+            if s.renames.canonical_skill(sk.name) not in base.skill_names:
+                added.add(sk.name)
+                assert sk.name not in base.skill_names
+                kinds = {s.harness.tool(t).category for t in sk.allowed_tools}
+                assert kinds <= {"retrieval"}
+    assert added & {x.name for x in hsa.default_bank().synthetic if x.noise}
+    assert added & {x.name for x in hsa.default_bank().synthetic if not x.noise}
+
+
+def test_impossible_needs_fail_clearly(base):
+    with pytest.raises(hsa.PreserveError, match=r"reply_max_chars >= 400.*\[120, 300\]"):
+        hsa.augment(base, seed=0, preserve=hsa.Preserve(min_reply_chars=400))
+    with pytest.raises(hsa.PreserveError, match="Skills the task needs"):
+        hsa.augment(base, seed=0, dims="hook", preserve=hsa.Preserve(skills={"no-such-skill"}))
+
+
+def test_check_predicate_redraws_until_it_holds(base):
+    seen = []
+
+    def check(state):
+        seen.append(state.harness.version)
+        return len(seen) >= 3
+
+    state = hsa.augment(base, seed=1, preserve=hsa.Preserve(check=check))
+    assert state.harness.version == seen[-1] and len(set(seen)) == 3
+    with pytest.raises(hsa.HsaError, match="no augmentation in 4 draws"):
+        hsa.augment(base, seed=1, preserve=hsa.Preserve(check=lambda s: False), max_tries=4)
+
+
+def test_hook_variants_stay_within_supported_actions(base):
+    actions = {}
+    for seed in range(40):
+        s = hsa.augment(base, seed=seed, dims={hsa.Dim.HOOK}, strength=1.0)
+        assert not hx.validate(s.harness)
+        for rule in s.harness.hooks.hooks:
+            assert rule.enabled
+            actions.setdefault(rule.name, set()).add(rule.action)
+    for name, options in hsa.FLIPPABLE.items():
+        assert actions[name] == set(options), name
+
+
+def test_augmenting_a_variant_composes_renames(base):
+    first = hsa.augment(base, seed=1, dims={hsa.Dim.TOOL_DEF}, strength=1.0)
+    second = hsa.augment(first, seed=2, dims={hsa.Dim.TOOL_DEF}, strength=1.0)
+    assert set(second.canonical_tools) == set(base.tool_names)
+    for name in second.harness.tool_names:
+        assert second.renames.canonical_tool(name) in base.tool_names
+
+
+def test_release_tag_records_dims_and_seed(base):
+    s = hsa.augment(base, seed=9, dims={hsa.Dim.HOOK, hsa.Dim.TOOL_DEF})
+    assert s.harness.release.startswith(f"{base.release}+hsa.") and s.harness.release.endswith(".9")
+    assert dataclasses.replace(s.harness, release=base.release).version != base.version
