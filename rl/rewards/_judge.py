@@ -1,0 +1,280 @@
+"""An optional panel of LLM judges for Accuracy and Effectiveness, and its agreement with the
+rule labels (paper E.1: the final evaluation judge is a three-model majority vote).
+
+Each judge is any OpenAI-compatible `/v1/chat/completions` endpoint. The prompts are editable
+files (`rl/rewards/prompts/judge_system.md` and the Jinja template `judge_user.md`, or a folder
+of your own with the same two files). A judge's answer must be one JSON object with
+`accuracy` (0/1) and `effectiveness` (0/0.5/1); anything else is recorded as an abstention.
+The panel's label is the majority of the valid votes (ties go to the lower, stricter value);
+Effectiveness takes the median. Answers can be cached on disk so a report is reproducible.
+
+`agreement_report` compares panel labels with the rule-based rewards: agreement rate, Cohen's
+kappa and the confusion matrix per dimension, and each judge's own agreement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import re
+import statistics
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import httpx
+import jinja2
+
+from hat_jax import harness as hx
+from rl.rewards._rules import RewardVector
+from rl.sim import Scenario
+
+PROMPTS = pathlib.Path(__file__).resolve().parent / "prompts"
+_JSON = re.compile(r"\{.*\}", re.S)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JudgeEndpoint:
+    """One judge: endpoint, model, optional API key (read from the named environment variable)."""
+
+    base_url: str
+    model: str
+    api_key_env: str | None = None
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or self.model
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeVote:
+    judge: str
+    accuracy: float | None
+    effectiveness: float | None
+    reason: str = ""
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PanelVerdict:
+    """The panel's labels (None when no judge gave a valid answer) and every vote."""
+
+    accuracy: float | None
+    effectiveness: float | None
+    votes: tuple[JudgeVote, ...]
+
+
+def _majority(values: Sequence[float]) -> float | None:
+    if not values:
+        return None
+    counts: dict[float, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    best = max(counts.values())
+    return min(v for v, c in counts.items() if c == best)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median_low(sorted(values)) if values else None
+
+
+def parse_vote(judge: str, text: str | None) -> JudgeVote:
+    """A judge's answer -> vote (invalid answers become abstentions with the reason why)."""
+    if not text:
+        return JudgeVote(judge, None, None, error="no answer")
+    m = _JSON.search(text)
+    try:
+        data = json.loads(m.group(0)) if m else None
+    except ValueError:
+        data = None
+    if not isinstance(data, Mapping):
+        return JudgeVote(judge, None, None, error=f"not a JSON object: {text[:120]!r}")
+    acc, eff = data.get("accuracy"), data.get("effectiveness")
+    if acc not in (0, 1) or eff not in (0, 0.5, 1):
+        return JudgeVote(judge, None, None, error=f"labels out of range: {acc!r}, {eff!r}")
+    return JudgeVote(judge, float(acc), float(eff), str(data.get("reason", ""))[:300])
+
+
+class JudgePanel:
+    """Three (or any odd number of) OpenAI-compatible judges voting on each episode.
+
+    Args:
+      judges: the endpoints; an odd number so that a majority exists.
+      prompt_dir: folder with `judge_system.md` and `judge_user.md` (default: the bundled ones).
+      cache_dir: on-disk cache of answers (None: no cache).
+      timeout_s: HTTP timeout per request.
+      transport: an `httpx` transport (tests).
+    """
+
+    def __init__(
+        self,
+        judges: Sequence[JudgeEndpoint],
+        *,
+        prompt_dir: str | os.PathLike | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        timeout_s: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        if not judges or len(judges) % 2 == 0:
+            raise ValueError(f"a judge panel needs an odd number of judges, got {len(judges)}")
+        folder = pathlib.Path(prompt_dir) if prompt_dir else PROMPTS
+        try:
+            self.system = (folder / "judge_system.md").read_text(encoding="utf-8")
+            source = (folder / "judge_user.md").read_text(encoding="utf-8")
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"judge prompt missing: {err.filename}") from err
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+        self.user = env.from_string(source)
+        self.judges = tuple(judges)
+        self.cache_dir = pathlib.Path(cache_dir) if cache_dir else None
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s), transport=transport)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def prompt(self, scenario: Scenario, trajectory: hx.Trajectory) -> str:
+        """The user message the judges see for one episode."""
+        ctx = trajectory.request.get("context") or {}
+        product = ctx.get("product") or {}
+        tools = [
+            {
+                "tool": r.canonical or r.name,
+                "arguments": json.dumps(r.arguments, ensure_ascii=False),
+                "result": json.dumps(r.result, ensure_ascii=False, default=str)[:800],
+            }
+            for r in trajectory.tool_calls
+            if r.canonical not in hx.FLOW_TOOLS
+        ]
+        return self.user.render(
+            comments=trajectory.request.get("comments", []),
+            product=json.dumps(product, ensure_ascii=False)[:1500] if product else "(none)",
+            tools=tools,
+            public=trajectory.final.public,
+            private=trajectory.final.private,
+            facts=[f"{f.kind}: {f.value} ({f.channel})" for f in scenario.gold.facts],
+            claims=[c.says for c in scenario.gold.claims],
+        )
+
+    def judge(self, scenario: Scenario, trajectory: hx.Trajectory) -> PanelVerdict:
+        """Every judge's vote on one episode and the panel's majority labels."""
+        user = self.prompt(scenario, trajectory)
+        votes = tuple(parse_vote(j.label, self._ask(j, user)) for j in self.judges)
+        valid = [v for v in votes if v.error is None]
+        return PanelVerdict(
+            accuracy=_majority([v.accuracy for v in valid]),
+            effectiveness=_median([v.effectiveness for v in valid]),
+            votes=votes,
+        )
+
+    def _ask(self, judge: JudgeEndpoint, user: str) -> str | None:
+        key = hashlib.sha256(json.dumps([judge.model, self.system, user]).encode()).hexdigest()
+        path = self.cache_dir / key[:2] / f"{key}.json" if self.cache_dir else None
+        if path is not None and path.exists():
+            return json.loads(path.read_text(encoding="utf-8"))["answer"]
+        api_key = os.environ.get(judge.api_key_env) if judge.api_key_env else None
+        payload = {
+            "model": judge.model,
+            "messages": [
+                {"role": "system", "content": self.system},
+                {"role": "user", "content": user},
+            ],
+            "temperature": 0.0,
+            "max_tokens": 256,
+        }
+        try:
+            response = self._client.post(
+                judge.base_url.rstrip("/") + "/chat/completions",
+                json=payload,
+                headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+            )
+            response.raise_for_status()
+            answer = response.json()["choices"][0]["message"]["content"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            return None
+        if path is not None:
+            _write_json(path, {"judge": judge.label, "answer": answer})
+        return answer
+
+
+# ------------------------------------------------------------------------------ agreement
+def _kappa(pairs: Sequence[tuple[float, float]], labels: Sequence[float]) -> float | None:
+    n = len(pairs)
+    if not n:
+        return None
+    observed = sum(a == b for a, b in pairs) / n
+    expected = sum(
+        (sum(a == x for a, _ in pairs) / n) * (sum(b == x for _, b in pairs) / n) for x in labels
+    )
+    return 1.0 if expected == 1 else (observed - expected) / (1 - expected)
+
+
+def _dimension(pairs: list[tuple[float, float]], labels: Sequence[float]) -> dict[str, Any]:
+    return {
+        "n": len(pairs),
+        "agreement": sum(a == b for a, b in pairs) / len(pairs) if pairs else None,
+        "kappa": _kappa(pairs, labels),
+        "confusion": {
+            f"panel={p:g}": {
+                f"rules={r:g}": sum(a == p and b == r for a, b in pairs) for r in labels
+            }
+            for p in labels
+        },
+    }
+
+
+def agreement_report(items: Iterable[tuple[PanelVerdict, RewardVector]]) -> dict[str, Any]:
+    """Agreement of the panel (and of each judge) with the rule labels."""
+    items = list(items)
+    report: dict[str, Any] = {"episodes": len(items)}
+    for dim, labels in (("accuracy", (0.0, 1.0)), ("effectiveness", (0.0, 0.5, 1.0))):
+        pairs = [
+            (getattr(v, dim), getattr(r, dim)) for v, r in items if getattr(v, dim) is not None
+        ]
+        report[dim] = _dimension(pairs, labels)
+        judges: dict[str, list[tuple[float, float]]] = {}
+        for v, r in items:
+            for vote in v.votes:
+                if getattr(vote, dim) is not None:
+                    judges.setdefault(vote.judge, []).append((getattr(vote, dim), getattr(r, dim)))
+        report[dim]["judges"] = {
+            j: sum(a == b for a, b in ps) / len(ps) for j, ps in sorted(judges.items())
+        }
+    report["abstentions"] = sum(vote.error is not None for v, _ in items for vote in v.votes)
+    return report
+
+
+def write_report(path: str | os.PathLike, report: Mapping[str, Any]) -> pathlib.Path:
+    """Writes the report as JSON and a Markdown summary beside it (`.md`), atomically."""
+    path = pathlib.Path(path)
+    _write_json(path, report)
+    lines = [f"# Judge panel vs rule labels ({report['episodes']} episodes)", ""]
+    lines += ["| dimension | n | agreement | kappa |", "|---|---|---|---|"]
+    for dim in ("accuracy", "effectiveness"):
+        d = report[dim]
+        agree = "-" if d["agreement"] is None else f"{d['agreement']:.3f}"
+        kappa = "-" if d["kappa"] is None else f"{d['kappa']:.3f}"
+        lines.append(f"| {dim} | {d['n']} | {agree} | {kappa} |")
+    lines += ["", f"Abstentions (invalid or missing answers): {report['abstentions']}", ""]
+    _write_text(path.with_suffix(".md"), "\n".join(lines))
+    return path
+
+
+def _write_text(path: pathlib.Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_json(path: pathlib.Path, data: Any) -> None:
+    _write_text(path, json.dumps(data, ensure_ascii=False, indent=1))
