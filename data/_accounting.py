@@ -99,12 +99,11 @@ class RowsIterator(grain.DatasetIterator):
             c[f"hsa_{p.hsa}"] += 1
         if p.status != "ok":
             c[p.status] += 1
-            kind = p.reason.split(":", 1)[0]
+            kind = p.reason.split(":", 1)[0] if p.status == "bad" else p.status
             self.reasons[kind] += 1
             if self.reasons[kind] <= LOG_LIMIT:
-                _log.warning(
-                    "skipping %s record %s (%s): %s", p.status, p.record_id, location, p.reason
-                )
+                where = "" if p.record_id == location else f" ({location})"
+                _log.warning("skipping %s record %s%s: %s", p.status, p.record_id, where, p.reason)
                 if self.reasons[kind] == LOG_LIMIT:
                     _log.warning("further %s records are counted, not logged", kind)
         if p.rows:

@@ -73,7 +73,7 @@ class DataIterator:
         out.update(self._totals)
         if "slots" in out:
             out["padding_fraction"] = 1.0 - out.get("tokens", 0) / max(out["slots"], 1)
-        out["bad_reasons"] = dict(books.reasons) if books is not None else {}
+        out["skip_reasons"] = dict(books.reasons) if books is not None else {}
         return out
 
     def close(self) -> None:

@@ -273,7 +273,8 @@ def _ensure_flags_parsed() -> None:
 
 
 def _fingerprint(config: PipelineConfig, process_index: int, process_count: int) -> str:
-    """Identifies what a saved state is a position in (not the worker count or buffers)."""
+    """Identifies what a saved state is a position in. The worker count is part of it: a
+    state of a pipeline with worker processes has their layout (Grain cannot re-slice it)."""
     keys = dict(
         sources=config.sources,
         split=config.split,
@@ -287,6 +288,7 @@ def _fingerprint(config: PipelineConfig, process_index: int, process_count: int)
         bins=(config.pack_bins, config.shuffle_bins),
         hsa=dataclasses.asdict(config.online_hsa),
         process=(process_index, process_count),
+        workers=config.worker_count,
     )
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
