@@ -1,7 +1,7 @@
 """Reinforcement learning and distillation: live-room simulator, rewards, advantage and loss
 math (pure functions), on-policy distillation and rollouts. Holds no mesh axis names."""
 
-from rl import advantages, distill, losses
+from rl import advantages, distill, losses, rewards, sim
 from rl.advantages import (
     REPLY,
     REWARD_DIMS,
@@ -33,6 +33,8 @@ from rl.losses import (
     ppo_clip_loss,
     sequence_log_ratio,
 )
+from rl.rewards import Rewarder, RewardVector
+from rl.sim import LiveRoom, Scenario, ScriptedTeacher, SimConfig
 
 __all__ = [
     # advantages
@@ -66,4 +68,13 @@ __all__ = [
     "reverse_kl",
     "sampled_reverse_kl_loss",
     "token_reverse_kl",
+    # simulator and rewards (see rl.sim and rl.rewards for their names)
+    "LiveRoom",
+    "RewardVector",
+    "Rewarder",
+    "Scenario",
+    "ScriptedTeacher",
+    "SimConfig",
+    "rewards",
+    "sim",
 ]
