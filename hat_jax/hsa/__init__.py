@@ -26,6 +26,7 @@ from hat_jax.hsa._ctx import Preserve
 from hat_jax.hsa._diff import changes
 from hat_jax.hsa._hooks import FLIPPABLE
 from hat_jax.hsa._llm import LLMRewriter
+from hat_jax.hsa._rename import rename_all
 from hat_jax.hsa._rewrite import NAME_KINDS, TEXT_KINDS, BankRewriter, Rewriter
 from hat_jax.hsa._skills import link_mentions
 from hat_jax.hsa._surface import PreserveError
@@ -52,4 +53,5 @@ __all__ = [
     "link_mentions",
     "load_bank",
     "parse_dims",
+    "rename_all",
 ]

@@ -2,8 +2,9 @@
 
 Order of work for one draw: link plain name mentions to placeholders; vary text and structure
 per enabled dimension on canonical names (Skill content, Skill index, tool text, system prompt,
-Hooks); then rename tools and Skills through `HarnessState.rename_*`, which rewrites every
-reference and extends the `RenameMap`; finally validate. Each dimension draws from its own
+Hooks); then rename tools and Skills in one pass (`rename_all`, the batched equivalent of
+`HarnessState.rename_*`), which rewrites every reference and extends the `RenameMap`; finally
+validate. Each dimension draws from its own
 random stream derived from (seed, attempt, dimension), so switching one dimension on or off
 never changes what another one draws.
 """
@@ -20,6 +21,7 @@ from hat_jax import harness as hx
 from hat_jax.hsa import _hooks, _skills, _surface
 from hat_jax.hsa._bank import default_bank
 from hat_jax.hsa._ctx import Ctx, Preserve
+from hat_jax.hsa._rename import rename_all
 from hat_jax.hsa._rewrite import BankRewriter, Rewriter
 from hat_jax.hsa._surface import PreserveError, constraint_range
 
@@ -145,10 +147,17 @@ def _draw(state, seed, attempt, dims, strength, preserve, rewriter) -> hx.Harnes
     tag = "".join(d.value[0] + d.value.split("_")[-1][0] for d in _ORDER if d in dims)
     h = dataclasses.replace(h, release=f"{state.harness.release}+hsa.{tag}.{seed}")
     out = hx.HarnessState(harness=h, renames=state.renames)
-    if Dim.TOOL_DEF in dims:
-        out = _surface.rename_tools(out, ctx(f"{Dim.TOOL_DEF}:rename"))
-    if Dim.SKILL_ID in dims:
-        out = _skills.rename_skills(out, ctx(f"{Dim.SKILL_ID}:rename"))
+    tool_plan = (
+        _surface.plan_tool_renames(out, ctx(f"{Dim.TOOL_DEF}:rename"))
+        if Dim.TOOL_DEF in dims
+        else {}
+    )
+    skill_plan = (
+        _skills.plan_skill_renames(out, ctx(f"{Dim.SKILL_ID}:rename"))
+        if Dim.SKILL_ID in dims
+        else {}
+    )
+    out = rename_all(out, tools=tool_plan, skills=skill_plan)
     _check_valid(state, out)
     _check_needs(out, preserve)
     return out

@@ -106,21 +106,24 @@ class Ctx:
     def canonical_tool(self, name: str) -> str:
         return self.renames.canonical_tool(name)
 
-    def fresh_name(self, kind: str, canonical: str, state: hx.HarnessState) -> str:
+    def fresh_name(self, kind: str, canonical: str, taken: set[str]) -> str:
         """A new surface name for `canonical`: from the rewriter, else an opaque one.
 
-        Never a name in use, nor any canonical or reserved name, so a canonical name in a
-        trajectory can never be mistaken for a renamed module.
+        Never a name in `taken` (names in use and already chosen), nor any canonical or
+        reserved name, so a canonical name in a trajectory can never be mistaken for a renamed
+        module. The chosen name is added to `taken`.
         """
-        taken = set(state.harness.skill_names) | set(state.harness.tool_names) | self.reserved
+        taken |= self.reserved
         pattern = SKILL_NAME if kind == "skill" else TOOL_NAME
         options = [
             n for n in self.rewriter.names(kind, canonical) if n not in taken and pattern.match(n)
         ]
         if options and not self.chance(0.15 * self.strength):
-            return self.rng.choice(options)
-        while True:
-            opaque = f"{kind}-{self.rng.randrange(16**4):04x}"
-            opaque = opaque if kind == "skill" else opaque.replace("-", "_")
-            if opaque not in taken:
-                return opaque
+            name = self.rng.choice(options)
+        else:
+            name = f"{kind}-{self.rng.randrange(16**4):04x}"
+            name = name if kind == "skill" else name.replace("-", "_")
+            while name in taken:
+                name = name + "x"
+        taken.add(name)
+        return name

@@ -185,15 +185,12 @@ def _synthetic(h: hx.Harness, ctx: Ctx) -> list[hx.Skill]:
     return out
 
 
-def rename_skills(state: hx.HarnessState, ctx: Ctx) -> hx.HarnessState:
-    """Renames each Skill with probability `strength` (at least one), keeping references."""
-    originals = [s for s in state.harness.skills if s.source != "hsa:synthetic"]
+def plan_skill_renames(state: hx.HarnessState, ctx: Ctx) -> dict[str, str]:
+    """Surface name -> new name for each original Skill picked with probability `strength`
+    (at least one); synthetic Skills keep their names."""
+    originals = [s.name for s in state.harness.skills if s.source != "hsa:synthetic"]
     if not originals:
-        return state
-    chosen = [s for s in originals if ctx.chance(ctx.strength)]
-    if not chosen:
-        chosen = [ctx.rng.choice(originals)]
-    for s in chosen:
-        new = ctx.fresh_name("skill", ctx.canonical_skill(s.name), state)
-        state = state.rename_skill(s.name, new)
-    return state
+        return {}
+    chosen = [n for n in originals if ctx.chance(ctx.strength)] or [ctx.rng.choice(originals)]
+    taken = set(state.harness.tool_names) | set(state.harness.skill_names)
+    return {n: ctx.fresh_name("skill", ctx.canonical_skill(n), taken) for n in chosen}

@@ -61,13 +61,13 @@ def _vary_schema(t: hx.ToolSpec, ctx: Ctx):
     return hx.freeze(schema)
 
 
-def rename_tools(state: hx.HarnessState, ctx: Ctx) -> hx.HarnessState:
-    """Renames each tool with probability `strength` (at least one), references included."""
+def plan_tool_renames(state: hx.HarnessState, ctx: Ctx) -> dict[str, str]:
+    """Surface name -> new name for each tool picked with probability `strength` (at least
+    one)."""
     names = list(state.harness.tool_names)
     chosen = [n for n in names if ctx.chance(ctx.strength)] or [ctx.rng.choice(names)]
-    for name in chosen:
-        state = state.rename_tool(name, ctx.fresh_name("tool", ctx.canonical_tool(name), state))
-    return state
+    taken = set(state.harness.tool_names) | set(state.harness.skill_names)
+    return {n: ctx.fresh_name("tool", ctx.canonical_tool(n), taken) for n in chosen}
 
 
 # ------------------------------------------------------------------------------ system prompt

@@ -94,13 +94,20 @@ def _claims(harness: hx.Harness) -> tuple[Mapping[str, Any], ...]:
 
 
 @functools.lru_cache(maxsize=256)
-def _shingles(state: hx.HarnessState, k: int) -> frozenset[tuple[str, ...]]:
+def _instruction_words(state: hx.HarnessState) -> str:
+    """All instruction text of a Harness state as ' word word ... ' (lower case)."""
     h = state.harness
     texts = [hx.render_text(i, state) for b in h.prompt.blocks for i in b.items]
     texts += [hx.render_skill(state, s) for s in h.skills]
     texts += [hx.render_text(s.description, state) for s in h.skills]
-    words = re.findall(r"[a-z0-9]+", " ".join(texts).lower())
-    return frozenset(tuple(words[i : i + k]) for i in range(len(words) - k + 1))
+    return " " + " ".join(re.findall(r"[a-z0-9]+", " ".join(texts).lower())) + " "
+
+
+def _leaks(reply: str, state: hx.HarnessState, k: int) -> bool:
+    """Whether the reply repeats `k` consecutive words of the instructions."""
+    words = re.findall(r"[a-z0-9]+", reply.lower())
+    text = _instruction_words(state)
+    return any(f" {' '.join(words[i : i + k])} " in text for i in range(len(words) - k + 1))
 
 
 class _Episode:
@@ -231,12 +238,9 @@ class Rewarder:
             if r.canonical in s.gold.forbidden_tools
         ]
         why += self._limits(ep, _limits(state))
-        if isinstance(state, hx.HarnessState) and ep.public:
-            k = self.config.leak_words
-            words = re.findall(r"[a-z0-9]+", ep.public.lower())
-            grams = _shingles(state, k)
-            if any(tuple(words[i : i + k]) in grams for i in range(len(words) - k + 1)):
-                why.append("the reply repeats internal instructions")
+        leak_check = isinstance(state, hx.HarnessState) and ep.public
+        if leak_check and _leaks(ep.public, state, self.config.leak_words):
+            why.append("the reply repeats internal instructions")
         why += self._wrong_price(s, ep)
         return (0.0 if why else 1.0), why
 

@@ -236,3 +236,22 @@ def test_release_tag_records_dims_and_seed(base):
     s = hsa.augment(base, seed=9, dims={hsa.Dim.HOOK, hsa.Dim.TOOL_DEF})
     assert s.harness.release.startswith(f"{base.release}+hsa.") and s.harness.release.endswith(".9")
     assert dataclasses.replace(s.harness, release=base.release).version != base.version
+
+
+def test_batched_renames_equal_one_by_one_renames(base):
+    for seed in range(8):
+        varied = hsa.augment(base, seed=seed, dims={hsa.Dim.SKILL_ID, hsa.Dim.SKILL_CONTENT})
+        start = hx.HarnessState(harness=varied.harness)  # synthetic Skills included
+        tools = {n: f"{n}_v{seed}" for n in start.harness.tool_names[seed % 3 :: 2]}
+        skills = {n: f"{n}-v{seed}" for n in start.harness.skill_names[:: 1 + seed % 2]}
+        one_by_one = start
+        for old, new in tools.items():
+            one_by_one = one_by_one.rename_tool(old, new)
+        for old, new in skills.items():
+            one_by_one = one_by_one.rename_skill(old, new)
+        batched = hsa.rename_all(start, tools=tools, skills=skills)
+        assert batched.harness == one_by_one.harness and batched.renames == one_by_one.renames
+    with pytest.raises(ValueError, match="that name is taken"):
+        hsa.rename_all(start, tools={"check_inventory": "search_faq"})
+    with pytest.raises(KeyError, match="no skill named"):
+        hsa.rename_all(start, skills={"nope": "x"})
