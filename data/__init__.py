@@ -10,7 +10,10 @@ Public API:
     Records to token rows (`data._examples`):
         RenderOptions, Prepared, prepare, decode_record, TRUNCATION_POLICIES
     Corpus records and files (`data._records`):
-        CORPUS_SCHEMA, corpus_record, state_info, CorpusWriter, write_json
+        CORPUS_SCHEMA, corpus_record, state_info, CorpusWriter, write_json, write_text
+    The teacher corpus (`data._corpus`; CLI `python -m launch.make_corpus`):
+        CorpusConfig, TeacherConfig, STATE_MODES, write_corpus, generate_corpus,
+        corpus_scenario_ids, CorpusStats, CorpusOutcome
     Record sources: open_source, JsonlSource
     General instructions for OPD (`data._instructions`):
         Instruction, load_instructions, parse_instruction, check_constraints,
@@ -31,6 +34,10 @@ from data._convert import (
     split_rows,
     trajectory_conversation,
 )
+from data._corpus import STATE_MODES, CorpusConfig, CorpusStats, TeacherConfig, write_corpus
+from data._corpus import Outcome as CorpusOutcome
+from data._corpus import generate as generate_corpus
+from data._corpus import scenario_ids as corpus_scenario_ids
 from data._examples import TRUNCATION_POLICIES, Prepared, RenderOptions, decode_record, prepare
 from data._instructions import (
     CONSTRAINT_TYPES,
@@ -42,7 +49,7 @@ from data._instructions import (
 )
 from data._iterator import DataIterator
 from data._records import SCHEMA as CORPUS_SCHEMA
-from data._records import CorpusWriter, corpus_record, state_info, write_json
+from data._records import CorpusWriter, corpus_record, state_info, write_json, write_text
 from data._rerender import RerenderError, loaded_skills, pin_constraints, rerender
 from data._sources import JsonlSource, open_source
 from data.pipeline import (
@@ -57,6 +64,15 @@ from data.pipeline import (
 )
 
 __all__ = [
+    "write_text",
+    "corpus_scenario_ids",
+    "generate_corpus",
+    "CorpusOutcome",
+    "write_corpus",
+    "TeacherConfig",
+    "CorpusStats",
+    "CorpusConfig",
+    "STATE_MODES",
     "BATCH_KEYS",
     "CONSTRAINT_TYPES",
     "CORPUS_SCHEMA",

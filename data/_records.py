@@ -32,6 +32,16 @@ from data._convert import has_retries, malformed_turns, trajectory_conversation
 from hat_jax import harness as hx
 
 SCHEMA = "hat_jax.corpus/1"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Temporary files are private (0600); the finished files get the usual permissions.
+_FILE_MODE = 0o666 & ~_umask()
 RETRY_HISTORY = ("none", "final_only", "full")
 
 
@@ -146,6 +156,7 @@ class CorpusWriter:
 
     def _temp_name(self, path: pathlib.Path) -> pathlib.Path:
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.directory)
+        os.fchmod(fd, _FILE_MODE)
         os.close(fd)
         return pathlib.Path(name)
 
@@ -180,17 +191,26 @@ class CorpusWriter:
         self.close(commit=exc_type is None)
 
 
-def write_json(path: os.PathLike | str, data: Any) -> pathlib.Path:
-    """Writes JSON atomically (temp file + `os.replace`)."""
+def write_text(path: os.PathLike | str, text: str) -> pathlib.Path:
+    """Writes text atomically (temp file + `os.replace`)."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, ensure_ascii=False, indent=2, default=_json_default) + "\n")
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def write_json(path: os.PathLike | str, data: Any) -> pathlib.Path:
+    """Writes JSON atomically (temp file + `os.replace`)."""
+    text = json.dumps(data, ensure_ascii=False, indent=2, default=_json_default) + "\n"
+    return write_text(path, text)

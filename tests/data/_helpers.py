@@ -1,5 +1,7 @@
 """Helpers shared by the data tests: real agent runs and corpus records of them."""
 
+import pathlib
+
 import data
 from hat_jax import harness as hx
 
@@ -32,3 +34,6 @@ def record_of(traj, state, rid, *, keep_retries=False):
         state=data.state_info(state),
         keep_retries=keep_retries,
     )
+
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
