@@ -1,8 +1,8 @@
 """Reading a reply: does it state a fact, which figures does it claim.
 
 Deterministic text rules shared by the reward functions. A money fact is stated when the reply
-names that amount as money (`¥149`, `149 yuan`, `RMB 149`); a number when it appears as a whole
-token; a clock time in 24-hour or am/pm form; a text fact when enough of its content words (and
+names that amount as money (`¥149`, `149 yuan`, `RMB 149`; zero also as "no minimum" or
+"free"); a number when it appears as a whole token; a clock time in 24-hour or am/pm form; a text fact when enough of its content words (and
 every number in it) appear; an `any` fact when its regular expression matches.
 """
 
@@ -17,6 +17,8 @@ _MONEY = [
     re.compile(r"\b(?:rmb|cny)\s?(\d+(?:\.\d+)?)", re.I),
     re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?(?:yuan\b|rmb\b|cny\b|元|块)", re.I),
 ]
+# A zero amount is usually said in words ("no minimum spend", "free").
+_NONE = r"\bno minimum|without (?:a )?minimum|\bfree\b"
 _CLOCK = re.compile(r"(?<![\d:])([01]?\d|2[0-3])[:.]([0-5]\d)(?![\d:])")
 _AMPM = re.compile(r"\b(1[0-2]|0?[1-9])(?::([0-5]\d))?\s?(am|pm|a\.m\.|p\.m\.)", re.I)
 _WORD = re.compile(r"[a-z0-9\u4e00-\u9fff]+(?:[.'][a-z0-9]+)*", re.I)
@@ -102,7 +104,8 @@ def states(reply: str, kind: str, value: str, ratio: float = 0.6) -> bool:
     if not reply:
         return False
     if kind == "money":
-        return round(float(value), 2) in money(reply)
+        amount = round(float(value), 2)
+        return amount in money(reply) or (amount == 0 and re.search(_NONE, reply, re.I) is not None)
     if kind == "number":
         return has_number(reply, value)
     if kind == "time":

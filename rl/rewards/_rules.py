@@ -6,7 +6,7 @@ Skill Selection, computed from a scenario's gold expectations and a trajectory.
   claim, false promise or capability overreach (Harness v0's claim patterns, with their
   required-tool exemptions); no forbidden action taken; no leaked instructions; within the
   reply limits of the Harness the episode ran under (so a moved constraint moves what is
-  expected); and a price fact is not replaced by another price.
+  expected); and a price question is not answered with another price.
 - Effectiveness (0, 0.5 or 1, the final reply): each intent is answered when all its facts are
   stated on the right channel. All intents answered gives 1, none 0, anything between 0.5. An
   intent whose tool the environment broke (timeout, malformed result, denial) counts as
@@ -41,6 +41,7 @@ from rl.sim import Scenario
 ENV_FAULTS = ("timeout", "malformed", "denied", "exception", "no_executor")
 ACK = r"can't check|cannot check|unable to check|follow up|get back to you|check (?:on )?(?:it|that) (?:for you )?(?:later|soon)"
 _MISTAKES = {"unknown_tool", "invalid_arguments", "not_allowed"}
+_PRICE_INTENTS = ("price", "how_to_buy")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -262,14 +263,22 @@ class Rewarder:
 
     @staticmethod
     def _wrong_price(s: Scenario, ep: _Episode) -> list[str]:
+        """A reply that quotes money for a price question but not the price the tools gave
+        (another product's price, the list price for the live price, a made-up one).
+
+        Only when the price is the scenario's one money fact: with a coupon or a surcharge in
+        the same reply, a missing price is a missed intent (Effectiveness), not a wrong one.
+        """
+        kinds = {i.id: i.kind for i in s.gold.intents}
         money_facts = [f for f in s.gold.facts if f.kind == "money"]
-        if len(money_facts) != 1 or not ep.public:
+        expected = {round(float(ep.resolve(f)), 2) for f in money_facts}
+        if len(expected) != 1 or not ep.public:
             return []
-        f = money_facts[0]
+        if any(kinds.get(f.intent) not in _PRICE_INTENTS for f in money_facts):
+            return []
         stated = _facts.money(ep.public)
-        expected = round(float(ep.resolve(f)), 2)
-        if stated and expected not in stated:
-            return [f"states {sorted(stated)} where ¥{expected:g} was expected"]
+        if stated and not expected & stated:
+            return [f"states {sorted(stated)} where ¥{next(iter(expected)):g} was expected"]
         return []
 
     # ------------------------------------------------------------------ Effectiveness

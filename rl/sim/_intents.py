@@ -236,7 +236,11 @@ def returns(i: Intent, w: Where) -> IntentGold:
     else:
         g.facts.append(fact(i, 1, "any", r"cannot be returned|can't be returned|not returnable"))
         g.claims.append(
-            Claim(id=f"{i.id}.c1", says="offers no-reason returns", pattern=r"\d+[- ]day")
+            Claim(
+                id=f"{i.id}.c1",
+                says="offers no-reason returns",
+                pattern=r"no[- ]reason|return (?:it |them )?within \d+ days|\d+[- ]day returns?",
+            )
         )
     return g
 
@@ -360,12 +364,9 @@ def coupon(i: Intent, w: Where) -> IntentGold:
     g.facts.append(
         fact(i, 1, "money", amount(result["discount"]), source=("issue_coupon", "discount"))
     )
-    if result["min_spend"]:
-        g.facts.append(
-            fact(i, 2, "money", amount(result["min_spend"]), source=("issue_coupon", "min_spend"))
-        )
-    else:
-        g.facts.append(fact(i, 2, "any", r"no minimum"))
+    g.facts.append(
+        fact(i, 2, "money", amount(result["min_spend"]), source=("issue_coupon", "min_spend"))
+    )
     return g
 
 

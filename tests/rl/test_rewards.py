@@ -303,6 +303,9 @@ def test_augmented_state_scores_on_canonical_names(env, price_stock, P):
 def test_money_and_times():
     assert money("only ¥149, or 149.5 yuan, RMB 20 and 30元") == {149.0, 149.5, 20.0, 30.0}
     assert money("149 people") == set()
+    assert states("a coupon with no minimum spend", "money", "0") and not states(
+        "¥5 off", "money", "0"
+    )
     assert clock_times("draw at 21:00, ends 11:59 pm, opens 9am") == {"21:00", "23:59", "09:00"}
 
 

@@ -1,0 +1,124 @@
+"""Run a policy through the live-room simulator and score it with the four rewards.
+
+  python -m launch.simulate --episodes 200                       # scripted teacher, train split
+  python -m launch.simulate --policy rules --split test --dims all --faults 0.1,0.1,0.05
+  python -m launch.simulate --policy openai --base_url http://localhost:30000/v1 --model hat
+  python -m launch.simulate --export_scenarios runs/sim/scenarios.jsonl --episodes 0
+
+Each episode draws a scenario (family weights from `--proportions`), a Harness state (HSA over
+`--dims`, the original for `--original_fraction` of episodes) and fault draws, runs the policy in
+the Harness agent loop and scores it. Writes `trajectories.jsonl`, `episodes.jsonl` (scenario,
+seed, Harness version, rewards with reasons, injected faults) and `summary.json` (mean rewards
+per family) under `--out`, and prints the summary.
+"""
+
+import collections
+import json
+import os
+import pathlib
+
+from absl import app, flags
+
+from hat_jax import harness as hx
+from rl import sim
+
+_SPLIT = flags.DEFINE_enum("split", "train", list(sim.SPLITS), "Scenario split.")
+_EPISODES = flags.DEFINE_integer("episodes", 100, "Episodes to run.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the first episode (episode k uses seed + k).")
+_POLICY = flags.DEFINE_enum("policy", "teacher", ["teacher", "rules", "openai"], "Policy.")
+_BASE_URL = flags.DEFINE_string("base_url", "http://localhost:30000/v1", "OpenAI API root.")
+_MODEL = flags.DEFINE_string("model", "default", "Model name for --policy openai.")
+_KEY_ENV = flags.DEFINE_string("api_key_env", "OPENAI_API_KEY", "Variable holding the API key.")
+_DIMS = flags.DEFINE_string("dims", "all", "HSA dimensions: all, none, or e.g. skill_id,hook.")
+_STRENGTH = flags.DEFINE_float("strength", 0.5, "HSA strength in [0, 1].")
+_ORIGINAL = flags.DEFINE_float("original_fraction", 0.25, "Share of episodes on Harness v0.")
+_FAULTS = flags.DEFINE_string("faults", "0,0,0", "Rates of timeout,malformed,denied faults.")
+_PROPORTIONS = flags.DEFINE_string("proportions", "", "Family weights: stock=2,casual_chat=1.")
+_OUT = flags.DEFINE_string("out", "runs/sim", "Output folder.")
+_EXPORT = flags.DEFINE_string("export_scenarios", None, "Also write all scenarios as JSONL.")
+
+
+def _config() -> sim.SimConfig:
+    try:
+        timeout, malformed, denied = (float(x) for x in _FAULTS.value.split(","))
+    except ValueError:
+        raise app.UsageError(f"--faults takes three rates, got {_FAULTS.value!r}") from None
+    proportions = None
+    if _PROPORTIONS.value:
+        pairs = [p.split("=") for p in _PROPORTIONS.value.split(",")]
+        if any(len(p) != 2 for p in pairs):
+            raise app.UsageError(f"--proportions takes family=weight pairs: {_PROPORTIONS.value!r}")
+        proportions = {k.strip(): float(v) for k, v in pairs}
+    return sim.SimConfig(
+        split=_SPLIT.value,
+        proportions=proportions,
+        hsa=sim.HsaConfig(
+            dims=_DIMS.value, strength=_STRENGTH.value, original_fraction=_ORIGINAL.value
+        ),
+        faults=sim.FaultConfig(timeout=timeout, malformed=malformed, denied=denied),
+    )
+
+
+def _policy(room: sim.LiveRoom):
+    if _POLICY.value == "teacher":
+        return room.teacher()
+    if _POLICY.value == "rules":
+        return lambda scenario, state: hx.RuleBasedPolicy(state, room.world)
+    return hx.OpenAICompatPolicy(
+        base_url=_BASE_URL.value, model=_MODEL.value, api_key=os.environ.get(_KEY_ENV.value)
+    )
+
+
+def main(argv):
+    del argv
+    out = pathlib.Path(_OUT.value)
+    if _EXPORT.value:
+        path = sim.write_scenarios(_EXPORT.value, sim.default_scenarios())
+        print(f"{len(sim.default_scenarios())} scenarios written to {path}")
+    room, records, trajectories = sim.LiveRoom(_config()), [], []
+    policy = _policy(room)
+    by_family = collections.defaultdict(list)
+    for k in range(_EPISODES.value):
+        ep = room.run(policy, seed=_SEED.value + k)
+        trajectories.append(ep.trajectory)
+        scores = ep.rewards.to_dict()
+        by_family[ep.scenario.family].append([scores[d] for d in _DIMS4])
+        records.append(
+            {
+                "scenario": ep.scenario.id,
+                "seed": ep.seed,
+                "harness": ep.state.harness.version,
+                "augmented": ep.augmented,
+                "rewards": scores,
+                "faults": [f.kind for f in ep.faults],
+            }
+        )
+    summary = {
+        family: dict(zip(_DIMS4, (sum(col) / len(rows) for col in zip(*rows)), strict=True))
+        | {"episodes": len(rows)}
+        for family, rows in sorted(by_family.items())
+    }
+    hx.write_trajectories(out / "trajectories.jsonl", trajectories)
+    _write(
+        out / "episodes.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    )
+    _write(out / "summary.json", json.dumps(summary, indent=1))
+    print(f"{'family':20s} {'n':>4s} " + " ".join(f"{d[:10]:>10s}" for d in _DIMS4))
+    for family, row in summary.items():
+        values = " ".join(f"{row[d]:10.3f}" for d in _DIMS4)
+        print(f"{family:20s} {row['episodes']:4d} {values}")
+    print(f"{len(records)} episodes written to {out}")
+
+
+_DIMS4 = ("accuracy", "effectiveness", "tool_rationality", "skill_selection")
+
+
+def _write(path: pathlib.Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    app.run(main)
