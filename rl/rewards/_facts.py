@@ -2,8 +2,9 @@
 
 Deterministic text rules shared by the reward functions. A money fact is stated when the reply
 names that amount as money (`¥149`, `149 yuan`, `RMB 149`; zero also as "no minimum" or
-"free"); a number when it appears as a whole token; a clock time in 24-hour or am/pm form; a text fact when enough of its content words (and
-every number in it) appear; an `any` fact when its regular expression matches.
+"free"); a number when it appears as a whole token; a clock time in 24-hour or am/pm form; a
+text fact when enough of its content words (and every number in it) appear; an `any` fact when
+its regular expression matches.
 """
 
 from __future__ import annotations
