@@ -83,8 +83,7 @@ def _vary_one(s: hx.Skill, ctx: Ctx, *, force: bool) -> hx.Skill:
         for r in s.rules
     ]
     maskable = [r for r in rules if not r.critical and r.id not in ctx.preserve.rules]
-    masked = {r.id for r in maskable if ctx.chance(p / 3)}
-    masked = set(list(masked)[: max(0, len(maskable) // 2)])
+    masked = [r.id for r in maskable if ctx.chance(p / 3)][: len(maskable) // 2]
     rules = [r for r in rules if r.id not in masked]
     if len(rules) > 1 and ctx.chance(p):
         ctx.shuffle(rules)

@@ -255,3 +255,57 @@ def test_batched_renames_equal_one_by_one_renames(base):
         hsa.rename_all(start, tools={"check_inventory": "search_faq"})
     with pytest.raises(KeyError, match="no skill named"):
         hsa.rename_all(start, skills={"nope": "x"})
+
+
+@pytest.mark.slow
+def test_same_seed_same_state_in_another_process(base):
+    """String hashing differs between processes; the draw must not depend on it."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from hat_jax import harness as hx, hsa\n"
+        "b = hx.load(hx.default_world_dir())\n"
+        "print(','.join(hsa.augment(b, seed=s, strength=1.0).harness.version for s in range(5)))"
+    )
+    outs = set()
+    for hashseed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hashseed}
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr[-1000:]
+        outs.add(proc.stdout.strip())
+    here = ",".join(hsa.augment(base, seed=s, strength=1.0).harness.version for s in range(5))
+    assert outs == {here}
+
+
+def test_augment_works_on_a_harness_the_bank_does_not_know(base):
+    """An operator's new Skill and tool have no reviewed rewrites: they keep their wording,
+    get opaque names when renamed, and the variant is still valid."""
+    size = hx.Skill(
+        name="size-advisor",
+        description="Recommend a size from a viewer's height and weight.",
+        kind="reply",
+        version="1.0.0",
+        allowed_tools=("get_product_detail",),
+        rules=(
+            hx.Rule(
+                id="size-advisor#1", text="Read the size chart with {tool:get_product_detail}."
+            ),
+        ),
+    )
+    tool = dataclasses.replace(
+        base.tool("search_faq"), name="size_chart", description="Size charts."
+    )
+    edited = dataclasses.replace(base, skills=(*base.skills, size), tools=(*base.tools, tool))
+    assert not hx.validate(edited)
+    for seed in range(10):
+        s = hsa.augment(
+            edited, seed=seed, strength=1.0, preserve=hsa.Preserve(skills={"size-advisor"})
+        )
+        assert not hx.validate(s.harness, s.renames)
+        new = s.harness.skill(s.surface_skill("size-advisor"))
+        assert new.description == size.description
+        assert s.surface_tool("size_chart") is not None

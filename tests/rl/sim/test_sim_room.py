@@ -119,3 +119,38 @@ def test_batch_segments_checks_lengths():
         batch_segments([None, None], [0])
     r, k, g, c = batch_segments([], [])
     assert r.shape == (0, 4) and k.shape == g.shape == c.shape == (0,)
+
+
+@pytest.mark.slow
+def test_episodes_and_scenarios_do_not_depend_on_the_process(room):
+    """String hashing differs between processes; scenarios and episodes must not."""
+    import hashlib
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def digest(r):
+        eps = [r.run(r.teacher(), seed=k) for k in (3, 4)]
+        blob = json.dumps(
+            [[e.scenario.id, e.trajectory.messages, e.rewards.to_dict()] for e in eps],
+            sort_keys=True,
+        )
+        ids = ",".join(s.id for s in sim.default_scenarios()[::50])
+        return hashlib.sha256((blob + ids).encode()).hexdigest()
+
+    code = (
+        "import hashlib, json\n"
+        "from rl import sim\n"
+        "r = sim.LiveRoom()\n"
+        "eps = [r.run(r.teacher(), seed=k) for k in (3, 4)]\n"
+        "blob = json.dumps([[e.scenario.id, e.trajectory.messages, e.rewards.to_dict()] for e in eps], sort_keys=True)\n"
+        "ids = ','.join(s.id for s in sim.default_scenarios()[::50])\n"
+        "print(hashlib.sha256((blob + ids).encode()).hexdigest())\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "7", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    assert proc.stdout.strip() == digest(room)
