@@ -3,11 +3,11 @@
 import math
 
 import pytest
-from chat_format_cases import JSON_VALUE, TOOLS, call
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hat_jax.chat_format import ParsedTurn, ToolCall, parse, render_completion
+from tests.chat_format.chat_format_cases import JSON_VALUE, TOOLS, call
 
 TAGS = (
     "<think>",

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from chat_format_cases import TOOLS, call
 
 from hat_jax.chat_format import generation_prompt, render, render_completion
+from tests.chat_format.chat_format_cases import TOOLS, call
 
 TOOL_BLOCK = (
     "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"

@@ -8,11 +8,17 @@ import json
 
 import jinja2
 import pytest
-from chat_format_cases import CASE_IDS, CASES, TAGGY_TEXT, TOOLS_ST, conversation_st
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hat_jax.chat_format import CHAT_TEMPLATE, chat_template_path, render
+from tests.chat_format.chat_format_cases import (
+    CASE_IDS,
+    CASES,
+    TAGGY_TEXT,
+    TOOLS_ST,
+    conversation_st,
+)
 
 OPTIONS = [
     {},

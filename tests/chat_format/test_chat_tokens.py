@@ -1,7 +1,11 @@
 """`render_tokens`: exact token ids of the rendered text, and a loss mask on the assistant's tokens."""
 
 import pytest
-from chat_format_cases import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hat_jax.chat_format import RenderedTokens, render, render_completion, render_tokens
+from tests.chat_format.chat_format_cases import (
     CASE_IDS,
     CASES,
     TAGGY_TEXT,
@@ -11,10 +15,6 @@ from chat_format_cases import (
     conversation_st,
     encode,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from hat_jax.chat_format import RenderedTokens, render, render_completion, render_tokens
 
 VARIANTS = [
     "demo",
