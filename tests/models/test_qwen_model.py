@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from qwen_fixtures import forward
 
 from hat_jax.sharding import MeshConfig, init_sharded, make_mesh, state_shardings
 from models import AXIS_NAMES, Qwen, QwenConfig
+from tests.models.qwen_fixtures import forward
 
 # One block of the Qwen3.5 pattern, small enough to compile quickly.
 TINY = QwenConfig.preset("tiny")

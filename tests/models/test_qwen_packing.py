@@ -9,9 +9,9 @@ Padding token values must not matter either.
 import numpy as np
 import pytest
 from flax import nnx
-from qwen_fixtures import forward
 
 from models import Qwen, QwenConfig
+from tests.models.qwen_fixtures import forward
 
 LENGTH = 272
 DOCS = {1: (0, 64), 2: (64, 154), 3: (160, 261)}
