@@ -37,6 +37,8 @@ _RETRY_HOOK = {
     "unsupported_figure": "factual_risk",
 }
 _FAQ_KINDS = ("usage", "payment", "invoice", "address_change")
+_SLIPS = ("invalid_arguments", "unknown_tool")
+_WRONG_FIGURE = "Only 7 left at ¥7777!"
 _REPLY_TOOLS = (hx.FLOW_TOOLS[1], hx.FLOW_TOOLS[2], hx.FLOW_TOOLS[3])
 MAX_FAULT_RETRIES = 1
 
@@ -108,9 +110,9 @@ class ScriptedTeacher:
 
     # ------------------------------------------------------------------ reading the conversation
     def _read(self, messages: Sequence[Mapping[str, Any]]):
-        """Results so far, loaded Skills, attempts per planned call, rounds, and whether a
-        reply was already tried (or a hook spoke)."""
-        calls, results, loaded, replied = {}, Results(), set(), False
+        """Results so far, loaded Skills, attempts per planned call, rounds, whether a reply was
+        already tried (or a hook spoke), and whether a call was already refused as invalid."""
+        calls, results, loaded, replied, slipped = {}, Results(), set(), False, False
         attempts: dict[int, list[str]] = {}
         for m in messages:
             for c in m.get("tool_calls") or ():
@@ -124,24 +126,26 @@ class ScriptedTeacher:
                 loaded.add(args.get("name"))
             elif canonical in _REPLY_TOOLS:
                 replied = True
-            elif canonical is not None:
+            elif _is_error(value) and value["error"].get("type") in _SLIPS:
+                slipped = True
+            if canonical is not None and canonical not in hx.FLOW_TOOLS:
                 results.add(canonical, args, value)
                 for k, (pattern, planned) in enumerate(self.plan):
                     if pattern.tool == canonical and dict(args) == planned:
                         attempts.setdefault(k, []).append(_outcome(value))
         rounds = sum(m["role"] == "assistant" for m in messages)
         hooked = any(m["role"] == "user" for m in messages[2:])
-        return results, loaded, attempts, rounds, replied or hooked
+        return results, loaded, attempts, rounds, replied or hooked, slipped
 
     # ------------------------------------------------------------------ acting
     def generate(self, messages, tools=None, sampling=None) -> hx.AssistantTurn:
-        results, loaded, attempts, rounds, retried = self._read(messages)
+        results, loaded, attempts, rounds, retried, slipped = self._read(messages)
         if rounds == 0 and self.inject == "skip_skill":
             return self._turn(self._reply(results, draft="Let me check that for you!"), rounds)
         missing = [s for s in self._skills() if s not in loaded]
         loads = [self._make("load_skill", {"name": s}) for s in missing]
         last = rounds + 1 >= self.max_rounds
-        calls = [] if last else self._next_calls(attempts, rounds)
+        calls = [] if last else self._next_calls(attempts, slip=not slipped)
         if calls or (loads and not last):
             names = ", ".join(missing) or "no more Skills"
             tools = ", ".join(dict.fromkeys(c.name for c in calls)) or "no tools yet"
@@ -167,7 +171,7 @@ class ScriptedTeacher:
     def _make(self, canonical: str, args: Mapping[str, Any]) -> hx.ToolCall:
         return hx.ToolCall(id="", name=self._tool(canonical), arguments=dict(args))
 
-    def _next_calls(self, attempts, rounds: int) -> list[hx.ToolCall]:
+    def _next_calls(self, attempts, *, slip: bool) -> list[hx.ToolCall]:
         """Planned calls still to make: new ones whose predecessors succeeded, and retries of
         calls that timed out or came back malformed (once); denied calls are given up."""
         succeeded = {p.tool for k, (p, _) in enumerate(self.plan) if "ok" in attempts.get(k, ())}
@@ -178,15 +182,18 @@ class ScriptedTeacher:
                 continue
             if "denied" in history or history.count("fault") > MAX_FAULT_RETRIES:
                 continue
-            out.append(self._call(pattern.tool, args, first=rounds == 0 and not out))
+            call = self._call(pattern.tool, args, slip=slip)
+            slip = slip and call.arguments == args and call.name == self._tool(pattern.tool)
+            out.append(call)
         return out
 
-    def _call(self, canonical: str, args: Mapping[str, Any], *, first: bool) -> hx.ToolCall:
+    def _call(self, canonical: str, args: Mapping[str, Any], *, slip: bool) -> hx.ToolCall:
+        """The call, or (once, with `slip`) the injected mistake made instead of it."""
         call = self._make(canonical, args)
-        if first and self.inject == "bad_arguments" and "product_id" in args:
+        if slip and self.inject == "bad_arguments" and "product_id" in args:
             bad = {**args, "product_id": args["product_id"].lower() + "x"}
             return hx.ToolCall(id="", name=call.name, arguments=bad)
-        if first and self.inject == "unknown_tool":
+        if slip and self.inject == "unknown_tool":
             wrong = canonical if canonical != call.name else f"{call.name}_v2"
             return hx.ToolCall(id="", name=wrong, arguments=call.arguments)
         return call
@@ -203,17 +210,20 @@ class ScriptedTeacher:
         if draft is not None:
             return [self._make("reply_public", {"text": f"@{handles[0]}, {draft}"})]
         clauses = [clause(i, results, self.world) for i in self.scenario.gold.intents]
+        # The figure mistake must be the only thing wrong: leave room for it within the limits.
+        room = len(_WRONG_FIGURE) + 1 if mistake == "unsupported_figure" else 0
         public, private = compose(
             clauses,
             handles,
-            max_chars=self.max_chars,
-            max_sentences=self.max_sentences,
+            max_chars=self.max_chars - room,
+            max_sentences=max(1, self.max_sentences - bool(room)),
             strict=False,
         )
-        if mistake == "too_long":
-            public = f"{public} {_filler(clauses)} {_filler(clauses)}"
+        if mistake == "too_long":  # over the Harness's limit, within the tool's own schema
+            padded = f"{public} {_filler(clauses)} {_filler(clauses)}"
+            public = padded[: max(self.max_chars + 40, 400)].rsplit(" ", 1)[0] + "."
         elif mistake == "unsupported_figure":
-            public += " Only 7 left at ¥7777!"
+            public = f"{public} {_WRONG_FIGURE}"
         calls = [self._make("reply_public", {"text": public})]
         if private:
             calls.append(self._make("reply_private", {"text": private}))

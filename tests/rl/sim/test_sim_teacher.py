@@ -162,9 +162,15 @@ def test_persistent_failure_gives_up_after_one_retry(room, pick, base):
     assert "follow up" in ep.trajectory.final.public and vec(ep) == ONES
 
 
+@pytest.mark.parametrize("phrasing", ["mi-01", "mi-02"])
 @pytest.mark.parametrize("inject", sim.INJECTIONS)
-def test_injected_mistake_is_caught_by_a_hook_and_repaired(room, pick, base, inject):
-    s = pick(phrasing="mi-01")
+def test_injected_mistake_is_caught_by_a_hook_and_repaired(room, scenarios, base, inject, phrasing):
+    # mi-02 about a product that is neither on screen nor in the line-up: search comes first.
+    s = next(
+        x
+        for x in scenarios
+        if x.phrasing == phrasing and (phrasing == "mi-01" or x.needs.min_rounds == 3)
+    )
     hook = {
         "skip_skill": "require_reply_skill",
         "bad_arguments": "check_tool_arguments",
