@@ -13,6 +13,7 @@ same run, on the same scenarios and seeds:
 """
 
 import argparse
+import os
 import statistics
 import time
 
@@ -21,15 +22,17 @@ from hat_jax import hsa
 from rl import sim
 
 
-def _rate(fn, n: int, repeats: int = 3) -> tuple[float, float]:
-    """(median, best) calls per second over `repeats` timed runs of `n` calls."""
-    rates = []
+def _rates(rows, n: int, repeats: int = 3) -> list[tuple[float, float]]:
+    """(median, best) calls per second of each row's `fn`, `repeats` timed runs of `n` calls.
+    Rows are interleaved within each repeat, so a change in machine load hits all alike."""
+    rates: list[list[float]] = [[] for _ in rows]
     for _ in range(repeats):
-        start = time.perf_counter()
-        for k in range(n):
-            fn(k)
-        rates.append(n / (time.perf_counter() - start))
-    return statistics.median(rates), max(rates)
+        for i, (_, fn) in enumerate(rows):
+            start = time.perf_counter()
+            for k in range(n):
+                fn(k)
+            rates[i].append(n / (time.perf_counter() - start))
+    return [(statistics.median(r), max(r)) for r in rates]
 
 
 def main() -> None:
@@ -71,15 +74,17 @@ def main() -> None:
         for k in range(min(n, 50)):
             episode(r)(k)
     perfect.clear()
-    rows = [
-        ("episodes, HSA (all five dims)", _rate(episode(hsa_room), n)),
-        ("episodes, original Harness", _rate(episode(plain_room), n)),
-        ("episodes, HSA + faults", _rate(episode(fault_room), n)),
-        ("augment() alone", _rate(augment, n)),
+    named = [
+        ("episodes, HSA (all five dims)", episode(hsa_room)),
+        ("episodes, original Harness", episode(plain_room)),
+        ("episodes, HSA + faults", episode(fault_room)),
+        ("augment() alone", augment),
     ]
+    rows = list(zip([name for name, _ in named], _rates(named, n)))
     print(f"{'per second':34s} {'median':>9s} {'best':>9s}")
     for name, (median, best) in rows:
         print(f"{name:34s} {median:9.1f} {best:9.1f}")
+    print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     with_hsa, without = rows[0][1][0], rows[1][1][0]
     print(f"HSA episode cost: {without / with_hsa:.2f}x an episode under the original Harness")
     print(f"teacher scored 1 on all four rewards in {sum(perfect)}/{len(perfect)} episodes")
