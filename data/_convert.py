@@ -11,7 +11,8 @@ Hook's message answering it. Training on these teaches a policy to make the avoi
 then fix it, so by default (`keep_retries=False`) they are removed and the final valid behaviour
 stays: failed calls and their error results go, turns left without a valid call go, Hook
 messages go. With `keep_retries=True` everything stays and failed turns carry `"weight": 0`
-(rendered as context, never trained), so the student learns to read a Hook message and recover.
+(rendered as context, never trained; a turn with one failed call among valid ones is such a
+turn), so the student learns to read a Hook message and recover.
 Failures of the environment (tool timeouts, malformed or denied results) are not the model's
 errors: their recoveries are kept in both modes.
 

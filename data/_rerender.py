@@ -7,7 +7,9 @@ descriptions, wording and order), the viewer turn, the tool schemas, the surface
 tool call and Skill load, and what `load_skill` returns (the new state's rendering of the
 Skill). What stays: the request, the canonical behaviour (which tools, with which arguments,
 in which order; which Skills), tool results and the reply. Old surface names mentioned in
-reasoning, tool results and Hook messages are rewritten to the new ones.
+reasoning, tool results and Hook messages are rewritten to the new ones; a Hook message keeps
+its stored wording otherwise (records with a complete retry history are few, and re-running
+the new state's Hooks would need the episode, not the record).
 
 Two things would make the stored targets wrong, so they are pinned or refused:
 - numeric constraints (reply length, rounds, ...) are set back to the values the trajectory

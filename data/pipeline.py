@@ -386,7 +386,8 @@ def opd_prompt_data(
         pad=pad_id(tokenizer),
         enable_thinking=enable_thinking,
     )
-    it = ds.repeat(num_epochs).map_with_index(prepare_prompt).to_iter_dataset()
+    read = grain.ReadOptions(num_threads=1, prefetch_buffer_size=64)
+    it = ds.repeat(num_epochs).map_with_index(prepare_prompt).to_iter_dataset(read)
     batches = RowsIterDataset(it, max_barren=barren).batch(
         global_batch_size // process_count, drop_remainder=True
     )
