@@ -20,7 +20,7 @@ Public API:
         CONSTRAINT_TYPES, DEMO_INSTRUCTIONS
     The Grain pipelines (`data.pipeline`):
         PipelineConfig, OnlineHSAConfig, BATCH_KEYS, sft_data, build_sft_dataset,
-        make_augmenter, opd_prompt_data, DataIterator, pad_id
+        make_augmenter, HsaAugmenter, opd_prompt_data, DataIterator, pad_id
     The demo tokenizer: `data.tokenizer.load_tokenizer` (module `data.tokenizer`).
 """
 
@@ -54,6 +54,7 @@ from data._rerender import RerenderError, loaded_skills, pin_constraints, rerend
 from data._sources import JsonlSource, open_source
 from data.pipeline import (
     BATCH_KEYS,
+    HsaAugmenter,
     OnlineHSAConfig,
     PipelineConfig,
     build_sft_dataset,
@@ -64,6 +65,7 @@ from data.pipeline import (
 )
 
 __all__ = [
+    "HsaAugmenter",
     "write_text",
     "corpus_scenario_ids",
     "generate_corpus",

@@ -229,6 +229,7 @@ class _Episodes:
             seed=_seed(c.seed, "augment", scenario.id, k) if augmented else None,
             dims=dims,
             strength=c.hsa_strength if augmented else 0.0,
+            base_version=self.room.harness.version,
         )
         try:
             out.record = corpus_record(

@@ -133,6 +133,9 @@ def _augment(
     state = record.get("state") or {}
     if not isinstance(traj, Mapping) or "request" not in traj:
         return conv, ""
+    base = getattr(augmenter, "base_version", None)
+    if base is not None and state.get("base_version") not in (None, base):
+        return conv, "refused"  # generated from another Harness: its names would not map
     renames = traj.get("renames") or {}
     try:
         new = rerender(

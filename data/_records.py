@@ -4,8 +4,8 @@ A corpus record is one JSON object per teacher trajectory:
 
     {"schema": "hat_jax.corpus/1", "id": str,
      "scenario": {...}, "teacher": {...}, "rewards": {...},
-     "state": {"kind": "original" | "augmented", "seed", "dims", "strength",
-               "harness_version", "constraints": {name: value}},
+     "state": {"kind": "original" | "augmented", "base_version", "seed", "dims",
+               "strength", "harness_version", "constraints": {name: value}},
      "retry_history": "none" | "final_only" | "full",
      "tools": [OpenAI schemas], "messages": [the training conversation],
      "trajectory": {the full Trajectory record}}
@@ -52,10 +52,17 @@ def state_info(
     seed: int | None = None,
     dims: Iterable[str] = (),
     strength: float = 0.0,
+    base_version: str | None = None,
 ) -> dict[str, Any]:
-    """What a record says about the Harness state it was generated in."""
+    """What a record says about the Harness state it was generated in.
+
+    `base_version` is the released Harness the state was derived from (default: the state's
+    own version, right for an original state); online HSA refuses to re-render a record under
+    augmentations of a different base.
+    """
     return {
         "kind": kind,
+        "base_version": base_version or state.harness.version,
         "seed": seed,
         "dims": sorted(str(d) for d in dims),
         "strength": strength,

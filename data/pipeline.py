@@ -30,7 +30,6 @@ with a finite epoch count, processes may run out one batch apart.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -134,20 +133,30 @@ class PipelineConfig:
 
 
 def make_augmenter(config: OnlineHSAConfig) -> Augmenter:
-    """A fresh-augmentation function over the base Harness, using `hat_jax.hsa.augment`."""
+    """Fresh augmentations of the base Harness (`config.harness_dir`) by `hat_jax.hsa.augment`."""
     from hat_jax import harness as hx
-    from hat_jax import hsa
 
     base = hx.load(config.harness_dir or hx.default_world_dir())
-    kwargs: dict[str, Any] = {"strength": config.strength}
-    if config.dims is not None:
-        kwargs["dims"] = tuple(config.dims)
-    return functools.partial(_augment_with, hsa.augment, hsa.Preserve, base, kwargs)
+    return HsaAugmenter(base, dims=config.dims, strength=config.strength)
 
 
-def _augment_with(augment, preserve, base, kwargs, rng: np.random.Generator, skills):
-    seed = int(rng.integers(2**31 - 1))
-    return augment(base, seed=seed, preserve=preserve(skills=skills), **kwargs)
+class HsaAugmenter:
+    """`(rng, skills) -> HarnessState`: a fresh `hsa.augment` draw of `base` that keeps the
+    canonical Skills the stored behaviour loads. `base_version` lets the pipeline refuse
+    records generated from another Harness. Picklable (worker processes)."""
+
+    def __init__(self, base, *, dims: tuple[str, ...] | None = None, strength: float = 1.0):
+        self.base, self.dims, self.strength = base, dims, strength
+        self.base_version = base.version
+
+    def __call__(self, rng: np.random.Generator, skills: frozenset[str]):
+        from hat_jax import hsa
+
+        kwargs: dict[str, Any] = {"strength": self.strength}
+        if self.dims is not None:
+            kwargs["dims"] = tuple(self.dims)
+        seed = int(rng.integers(2**31 - 1))
+        return hsa.augment(self.base, seed=seed, preserve=hsa.Preserve(skills=skills), **kwargs)
 
 
 class _Prepare:

@@ -42,6 +42,7 @@ def test_records_pass_the_filter_and_states_follow_the_plan(corpus):
         assert (r["state"]["kind"] == "original") == (k == 0)
         assert (r["state"]["harness_version"] == base) == (k == 0)
         assert r["trajectory"]["harness"]["version"] == r["state"]["harness_version"]
+        assert r["state"]["base_version"] == base
         assert r["tools"] and r["messages"][-1]["role"] == "assistant"
     assert len({r["id"] for r in records}) == len(records)
 

@@ -119,6 +119,24 @@ def test_a_state_that_cannot_express_the_behaviour_is_refused(rule_records, base
     np.testing.assert_array_equal(refused.rows[0]["input_ids"], plain.rows[0]["input_ids"])
 
 
+def test_records_of_another_base_harness_are_refused(rule_records, tokenizer):
+    augmenter = data.make_augmenter(data.OnlineHSAConfig(probability=1.0))
+    record = dict(rule_records[0])
+    assert record["state"]["base_version"] == augmenter.base_version
+    options = data.RenderOptions(seq_len=16384, hsa_probability=1.0)
+
+    def prepare(r):
+        rng = np.random.default_rng(1)
+        return data.prepare(
+            json.dumps(r), record_id="x", tokenizer=tokenizer, options=options, rng=rng,
+            augmenter=augmenter,
+        )  # fmt: skip
+
+    assert prepare(record).hsa == "applied"
+    record["state"] = {**record["state"], "base_version": "0123456789abcdef"}
+    assert prepare(record).hsa == "refused"
+
+
 def test_numeric_constraints_are_pinned_to_the_trajectorys(rule_records, base_state):
     record = rule_records[0]
     prompt = base_state.harness.prompt
