@@ -79,4 +79,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, expert=1, tensor=1))
     # < 0: the model's own router_aux_loss_coef.
     c.aux_loss_coef = -1.0
+    # > 0: the loss is computed this many positions at a time (no [B, T, V] logits).
+    c.logits_chunk = 0
     return c

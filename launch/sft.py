@@ -85,6 +85,7 @@ def build(c, *, run_dir: str | None = None) -> Built:
             optimizer=train.OptimizerConfig.from_dict(c.optimizer.to_dict()),
             mesh=sharding.MeshConfig.from_dict(c.mesh.to_dict()),
             aux_loss_coef=coef,
+            logits_chunk=c.logits_chunk,
         ),
         model=model,
         data=data.PipelineConfig(split=c.data.split, online_hsa=hsa, **pipeline),

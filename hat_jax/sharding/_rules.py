@@ -171,19 +171,27 @@ def logical_to_spec(
 
 class _Context(threading.local):
     rules: Rules | None = None
+    mesh: jax.sharding.Mesh | None = None
 
 
 _CONTEXT = _Context()
 
 
 @contextlib.contextmanager
-def use_rules(rules: Rules) -> Iterator[None]:
-    """Sets the activation rule table that `constrain` uses inside this block."""
-    previous, _CONTEXT.rules = _CONTEXT.rules, rules
+def use_rules(
+    rules: Rules = ACTIVATION_RULES, mesh: jax.sharding.Mesh | None = None
+) -> Iterator[None]:
+    """Sets the activation rules (and the mesh) that `constrain` uses inside this block.
+
+    Usable while tracing: the compiled steps of `hat_jax.train` wrap their loss in it, so
+    `constrain` calls in model and loss code pin activations on the step's mesh.
+    """
+    previous = (_CONTEXT.rules, _CONTEXT.mesh)
+    _CONTEXT.rules, _CONTEXT.mesh = rules, mesh
     try:
         yield
     finally:
-        _CONTEXT.rules = previous
+        _CONTEXT.rules, _CONTEXT.mesh = previous
 
 
 def current_rules() -> Rules:
@@ -194,12 +202,17 @@ def current_rules() -> Rules:
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     """Constrains an activation's sharding by the logical names of its dimensions.
 
-    A no-op when no mesh is set (`jax.set_mesh`), so model code can call it unconditionally:
-    on one CPU device it costs nothing, under a mesh it pins the layout XLA would otherwise
-    have to guess (after gathers, reshapes and MoE dispatch).
+    Uses the mesh of `use_rules`, else the one set by `jax.set_mesh`; a no-op without either,
+    so model code can call it unconditionally: on one device it costs nothing, under a mesh it
+    pins the layout XLA would otherwise have to guess (after gathers, reshapes, MoE dispatch).
     """
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not mesh.shape:
-        return x
+    mesh = _CONTEXT.mesh
+    if mesh is None:
+        abstract = jax.sharding.get_abstract_mesh()
+        if abstract.empty or not abstract.shape:
+            return x
+        return jax.lax.with_sharding_constraint(
+            x, logical_to_spec(names, current_rules(), abstract, x.shape)
+        )
     spec = logical_to_spec(names, current_rules(), mesh, x.shape)
-    return jax.lax.with_sharding_constraint(x, spec)
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))

@@ -8,13 +8,20 @@ for tests and benchmarks).
 """
 
 from hat_jax.train._data import BATCH_KEYS, DataSource, SyntheticTokenSource
-from hat_jax.train._losses import cross_entropy, next_token_targets, sft_loss
+from hat_jax.train._losses import (
+    chunked_cross_entropy,
+    cross_entropy,
+    next_token_targets,
+    sft_loss,
+    unembedding,
+)
 from hat_jax.train._optimizer import (
     OptimizerConfig,
     learning_rate_schedule,
     make_optimizer,
     weight_decay_mask,
 )
+from hat_jax.train._plan import GIB, MemoryPlan, plan_sft_step
 from hat_jax.train._sft import SFTConfig, SFTResult, abstract_split, batch_shardings_for, run_sft
 from hat_jax.train._state import TrainState, abstract_train_state, init_train_state, split_model
 from hat_jax.train._step import LossFn, LossOutput, make_eval_step, make_train_step
@@ -22,9 +29,11 @@ from hat_jax.train._trainer import NonFiniteError, Trainer, TrainerConfig
 
 __all__ = [
     "BATCH_KEYS",
+    "GIB",
     "DataSource",
     "LossFn",
     "LossOutput",
+    "MemoryPlan",
     "NonFiniteError",
     "OptimizerConfig",
     "SFTConfig",
@@ -36,6 +45,7 @@ __all__ = [
     "abstract_split",
     "abstract_train_state",
     "batch_shardings_for",
+    "chunked_cross_entropy",
     "cross_entropy",
     "init_train_state",
     "learning_rate_schedule",
@@ -43,8 +53,10 @@ __all__ = [
     "make_optimizer",
     "make_train_step",
     "next_token_targets",
+    "plan_sft_step",
     "run_sft",
     "sft_loss",
     "split_model",
+    "unembedding",
     "weight_decay_mask",
 ]

@@ -9,6 +9,11 @@ The objective is token-weighted over the whole batch:
 `sum(ce * w) / sum(w) + aux_coef * aux`, where `aux` is the model's auxiliary loss averaged
 over micro-batches weighted by their target tokens (with one micro-batch it is simply the
 model's `aux_loss`).
+
+With `logits_chunk`, the cross-entropy is computed from the model's final hidden states a
+chunk of positions at a time, each chunk's logits recomputed in the backward pass, so the
+`[B, T, V]` logits (8 GB per 8K-token row at Qwen's 248K vocabulary, in float32) never exist
+at once; the model's own `.logits` are then unused and compiled away.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hat_jax.sharding import constrain
 from hat_jax.train._step import LossOutput
 
 
@@ -36,14 +42,73 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jax.nn.logsumexp(logits, axis=-1) - picked
 
 
+def unembedding(model: nnx.Module) -> jax.Array:
+    """The `[H, V]` matrix a model's logits come from (`lm_head`, or the tied embedding),
+    in the model's compute dtype."""
+    config = getattr(model, "config", None)
+    if hasattr(model, "lm_head"):
+        head = model.lm_head[...]
+    elif hasattr(model, "embed") and getattr(config, "tie_word_embeddings", False):
+        head = model.embed[...].T
+    else:
+        raise ValueError(
+            f"logits_chunk needs a model with an `lm_head` parameter (or a tied `embed`); "
+            f"{type(model).__name__} has neither"
+        )
+    return head.astype(jnp.dtype(getattr(config, "dtype", head.dtype)))
+
+
+def chunked_cross_entropy(
+    hidden: jax.Array, head: jax.Array, targets: jax.Array, weights: jax.Array, *, chunk: int
+) -> tuple[jax.Array, jax.Array]:
+    """`(sum(ce * w), sum(correct * w))` from hidden states, `chunk` positions at a time.
+
+    hidden: f[B, T, H]; head: f[H, V]; targets: i[B, T]; weights: f32[B, T].
+    """
+    b, t, _ = hidden.shape
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets, weights = (
+            jnp.pad(targets, ((0, 0), (0, pad))),
+            jnp.pad(weights, ((0, 0), (0, pad))),
+        )
+    split = lambda x: jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)  # noqa: E731
+
+    @jax.checkpoint
+    def body(carry, xs):
+        h, tgt, w = xs
+        logits = constrain(h.astype(head.dtype) @ head, ("batch", "seq", "vocab"))
+        ce = jnp.sum(cross_entropy(logits, tgt) * w)
+        correct = jnp.sum((jnp.argmax(logits, -1) == tgt) * w)
+        return (carry[0] + ce, carry[1] + correct), None
+
+    zero = jnp.zeros((), jnp.float32)
+    (ce_sum, correct), _ = jax.lax.scan(
+        body, (zero, zero), (split(hidden), split(targets), split(weights))
+    )
+    return ce_sum, correct
+
+
 def sft_loss(
     model: nnx.Module,
     batch: Mapping[str, jax.Array],
     rng: jax.Array,
     *,
     aux_loss_coef: float = 0.0,
+    logits_chunk: int = 0,
 ) -> LossOutput:
     """Masked next-token cross-entropy plus `aux_loss_coef` x the model's MoE aux loss.
+
+    Args:
+      model: called as `model(input_ids, positions=, segment_ids=)`; its output has
+        `.logits`, `.hidden` and `.aux_loss`.
+      batch: packed rows (`input_ids`, `loss_mask`, `segment_ids`, `positions`).
+      rng: unused (SFT is deterministic); part of the loss-function contract.
+      aux_loss_coef: weight of the auxiliary loss.
+      logits_chunk: > 0 computes the cross-entropy this many positions at a time from
+        `.hidden` and `unembedding(model)` (see the module docstring).
 
     Returns sums (see `LossOutput`): total = sum(ce) + coef * aux * tokens, weight = tokens;
     metrics `ce`, `aux_loss`, `accuracy` (each reported per target token).
@@ -52,11 +117,17 @@ def sft_loss(
     out = model(batch["input_ids"], positions=batch["positions"], segment_ids=batch["segment_ids"])
     targets, weights = next_token_targets(batch)
     weights = weights.astype(jnp.float32)
-    logits = out.logits[:, :-1]
-    ce_sum = jnp.sum(cross_entropy(logits, targets) * weights)
     tokens = jnp.sum(weights)
+    if logits_chunk > 0:
+        hidden = constrain(out.hidden, ("batch", "seq", "embed"))[:, :-1]
+        ce_sum, correct = chunked_cross_entropy(
+            hidden, unembedding(model), targets, weights, chunk=logits_chunk
+        )
+    else:
+        logits = constrain(out.logits, ("batch", "seq", "vocab"))[:, :-1]
+        ce_sum = jnp.sum(cross_entropy(logits, targets) * weights)
+        correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
     aux = jnp.asarray(out.aux_loss if out.aux_loss is not None else 0.0, jnp.float32)
-    correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
     return LossOutput(
         total=ce_sum + aux_loss_coef * aux * tokens,
         weight=tokens,

@@ -54,12 +54,14 @@ class SFTConfig:
       optimizer: AdamW and its schedule.
       mesh: device mesh axis sizes.
       aux_loss_coef: weight of the MoE load-balancing loss (Qwen: `router_aux_loss_coef`).
+      logits_chunk: > 0 computes the loss this many positions at a time (see `sft_loss`).
     """
 
     trainer: TrainerConfig
     optimizer: OptimizerConfig = OptimizerConfig()
     mesh: MeshConfig = MeshConfig()
     aux_loss_coef: float = 0.0
+    logits_chunk: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +160,9 @@ def run_sft(
         state = _initial_state(
             model_fn, init_params, mesh, optimizer, tcfg.seed, graphdef, abs_params, abs_rest
         )
-    loss_fn = functools.partial(sft_loss, aux_loss_coef=config.aux_loss_coef)
+    loss_fn = functools.partial(
+        sft_loss, aux_loss_coef=config.aux_loss_coef, logits_chunk=config.logits_chunk
+    )
     shardings = shardings_of(abstract)
     batch_shardings = batch_shardings_for(mesh)
     step_fn = make_train_step(

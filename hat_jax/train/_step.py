@@ -23,6 +23,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from hat_jax.sharding import ACTIVATION_RULES, use_rules
 from hat_jax.train._state import TrainState
 
 
@@ -38,6 +39,11 @@ class LossOutput(NamedTuple):
     total: jax.Array
     weight: jax.Array
     metrics: Mapping[str, jax.Array]
+
+
+def _mesh_of(batch_shardings: Mapping[str, NamedSharding]) -> jax.sharding.Mesh | None:
+    meshes = {s.mesh for s in batch_shardings.values()}
+    return meshes.pop() if len(meshes) == 1 else None
 
 
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], LossOutput]
@@ -119,12 +125,14 @@ def make_train_step(
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     params_shardings = getattr(state_shardings, "params", None)
+    mesh = _mesh_of(batch_shardings)
 
     def step(state: TrainState, batch):
         rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
         def objective(params, micro, key):
-            out = loss_fn(nnx.merge(graphdef, params, state.model_state), micro, key)
+            with use_rules(ACTIVATION_RULES, mesh):
+                out = loss_fn(nnx.merge(graphdef, params, state.model_state), micro, key)
             return out.total, out
 
         grad_fn = jax.value_and_grad(objective, has_aux=True)
@@ -177,9 +185,12 @@ def make_eval_step(
 ) -> Callable[[TrainState, Mapping[str, jax.Array]], LossOutput]:
     """A jitted `(state, batch) -> LossOutput` (sums, so batches aggregate exactly)."""
 
+    mesh = _mesh_of(batch_shardings)
+
     def evaluate(state: TrainState, batch):
         rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
         model = nnx.merge(graphdef, state.params, state.model_state)
-        return loss_fn(model, batch, rng)
+        with use_rules(ACTIVATION_RULES, mesh):
+            return loss_fn(model, batch, rng)
 
     return jax.jit(evaluate, in_shardings=(state_shardings, dict(batch_shardings)))

@@ -212,3 +212,24 @@ def test_sft_loss_by_hand():
     np.testing.assert_allclose(out.metrics["ce"], ce, rtol=1e-6)
     np.testing.assert_allclose(out.total, ce + 2.0 * 0.3 * 2, rtol=1e-6)
     np.testing.assert_allclose(out.metrics["accuracy"], 2.0)
+
+
+def test_chunked_cross_entropy_equals_the_full_logits_loss():
+    model = _model_fn()
+    batch = {k: jnp.asarray(v) for k, v in _batch().items()}
+
+    def loss(model, chunk):
+        out = sft_loss(model, batch, None, aux_loss_coef=0.1, logits_chunk=chunk)
+        return out.total / out.weight, out
+
+    full = nnx.jit(nnx.value_and_grad(functools.partial(loss, chunk=0), has_aux=True))
+    chunked = nnx.jit(nnx.value_and_grad(functools.partial(loss, chunk=7), has_aux=True))
+    (a, out_a), grads_a = full(model)
+    (b, out_b), grads_b = chunked(model)  # 31 positions in chunks of 7: padding included
+    np.testing.assert_allclose(b, a, rtol=1e-6)
+    np.testing.assert_allclose(out_b.metrics["accuracy"], out_a.metrics["accuracy"])
+    jax.tree.map(
+        functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7),
+        nnx.to_pure_dict(grads_b),
+        nnx.to_pure_dict(grads_a),
+    )

@@ -1,0 +1,112 @@
+"""Per-device memory plan of an SFT config's train step on a simulated cluster.
+
+  python -m launch.plan --config=configs/sft_qwen3_6_35b_a3b.py
+  python -m launch.plan --config=configs/sft_qwen3_6_35b_a3b.py --setups=8x96,16x80 \
+      --layouts=fsdp,expert8,fsdp_bf16 --out=runs/plan.md
+
+For each setup (`<devices>x<GiB per device>`) and layout, the train step is compiled for
+that many simulated CPU devices with abstract arrays (nothing is allocated) and XLA's memory
+analysis is read: per-device train state, temporaries and peak, and whether it fits with 10%
+of the device kept free. Each device takes one `seq_len` row per micro-batch; the config's
+batch is reached by gradient accumulation. The MoE dispatch is compiled as "sorted" (XLA's CPU
+lowering of `ragged_dot` materialises dense per-expert buffers, which a GPU does not).
+Layouts: fsdp (every device shards everything), expertN (experts over N devices, the rest
+FSDP), fsdp_bf16 / expertN_bf16 (parameters and AdamW moments in bfloat16).
+"""
+
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/sft_qwen3_6_35b_a3b.py")
+_SETUPS = flags.DEFINE_list("setups", ["8x96", "16x80"], "<devices>x<GiB per device> each.")
+_LAYOUTS = flags.DEFINE_list("layouts", ["fsdp", "expert8"], "Mesh layouts to compile.")
+_DISPATCH = flags.DEFINE_string("moe_dispatch", "sorted", "MoE dispatch to compile on CPU.")
+_OUT = flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
+
+
+def _layout(name: str, devices: int):
+    from hat_jax.sharding import MeshConfig
+
+    base, _, dtype = name.partition("_")
+    if base == "fsdp":
+        mesh = MeshConfig(fsdp=devices)
+    elif base.startswith("expert") and base[6:].isdigit() and devices % int(base[6:]) == 0:
+        mesh = MeshConfig(fsdp=devices // int(base[6:]), expert=int(base[6:]))
+    else:
+        raise ValueError(f"unknown layout {name!r} for {devices} devices (fsdp, expertN, *_bf16)")
+    if dtype not in ("", "bf16"):
+        raise ValueError(f"layout {name!r}: the only dtype suffix is _bf16")
+    return mesh, "bfloat16" if dtype else None
+
+
+def _plan(c, devices: int, layout: str):
+    import jax
+    from flax import nnx
+
+    import models
+    from hat_jax import train
+
+    mesh, param_dtype = _layout(layout, devices)
+    runtime = dict(dtype=c.model.dtype, param_dtype=param_dtype or c.model.param_dtype,
+                   moe_dispatch=_DISPATCH.value, remat=c.model.remat)  # fmt: skip
+    model = models.QwenConfig.preset(c.model.preset, **runtime)
+    if c.model.vocab_size > 0:
+        model = model.replace(vocab_size=c.model.vocab_size)
+    micro = max(c.trainer.batch_size // devices, 1)
+    trainer = dict(c.trainer.to_dict(), batch_size=devices * micro, micro_batches=micro)
+    config = train.SFTConfig(
+        trainer=train.TrainerConfig.from_dict(trainer),
+        optimizer=train.OptimizerConfig.from_dict(c.optimizer.to_dict()),
+        mesh=mesh,
+        aux_loss_coef=max(c.aux_loss_coef, 0.0),
+        logits_chunk=c.get("logits_chunk", 0),
+    )
+    plan = train.plan_sft_step(
+        config, lambda: models.Qwen(model, rngs=nnx.Rngs(0)), devices=jax.devices()[:devices]
+    )
+    return plan, model
+
+
+def main(argv):
+    del argv
+    setups = [tuple(float(x) for x in s.split("x")) for s in _SETUPS.value]
+    most = max(int(d) for d, _ in setups)
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={most} " + os.environ.get(
+        "XLA_FLAGS", ""
+    )
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    from hat_jax.train import GIB
+
+    c = _CONFIG.value
+    rows = [
+        "| devices x HBM | layout (data, fsdp, expert, tensor) | params | tokens/device/micro | "
+        "state GiB | temporaries GiB | peak GiB | fits | largest buffer | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for devices, hbm in setups:
+        for layout in _LAYOUTS.value:
+            plan, model = _plan(c, int(devices), layout)
+            mesh = ", ".join(str(v) for v in plan.mesh.values())
+            big = (
+                f"{plan.largest[0][0]} ({plan.largest[0][1] / GIB:.1f} GiB)" if plan.largest else ""
+            )
+            rows.append(
+                f"| {int(devices)} x {hbm:g} GB | {layout} ({mesh}) | {plan.params / 1e9:.2f}B "
+                f"{model.param_dtype} | {plan.seq_len} | {plan.state_bytes / GIB:.1f} | "
+                f"{plan.temporaries / GIB:.1f} | {plan.peak / GIB:.1f} | "
+                f"{'yes' if plan.fits(hbm * 1e9) else 'no'} | {big} | {plan.compile_seconds:.0f} |"
+            )
+            print(rows[-1], flush=True)
+    table = "\n".join(rows)
+    print(f"\nmemory plan for {c.model.preset}, seq_len {c.trainer.seq_len}:\n{table}")
+    if _OUT.value:
+        tmp = _OUT.value + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(table + "\n")
+        os.replace(tmp, _OUT.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

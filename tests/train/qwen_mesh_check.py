@@ -1,0 +1,80 @@
+"""Loss and gradients of one SFT step of the tiny `models.Qwen` on several meshes.
+
+Run as a program (`python -m tests.train.qwen_mesh_check OUT_DIR`) by
+`test_qwen_sharded.py`, in its own process: it needs 8 CPU devices and XLA's classic CPU
+runtime (`--xla_cpu_use_thunk_runtime=false`), because the thunk runtime of this jaxlib can
+deadlock a multi-device CPU program whose devices wait in a collective (seen with this model
+on a 2-core machine). Writes `<layout>.npz` with the loss, metrics and flattened gradient.
+"""
+
+import functools
+import json
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import models
+from hat_jax import sharding, train
+
+LAYOUTS = {
+    "reference": (dict(fsdp=1), 1, 1),
+    "fsdp8": (dict(fsdp=8), 8, 1),
+    "fsdp2_tensor4": (dict(fsdp=2, tensor=4), 8, 1),
+    "expert4_fsdp2": (dict(fsdp=2, expert=4), 8, 1),
+    "micro4_fsdp2_expert2_tensor2": (dict(fsdp=2, expert=2, tensor=2), 8, 4),
+}
+
+
+def _keep_gradient():
+    return optax.GradientTransformation(
+        init=lambda params: jax.tree.map(jnp.zeros_like, params),
+        update=lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads),
+    )
+
+
+def run(layout: str, params, config, batch, out: pathlib.Path) -> None:
+    mesh_sizes, devices, micro = LAYOUTS[layout]
+    mesh = sharding.make_mesh(sharding.MeshConfig(**mesh_sizes), devices=jax.devices()[:devices])
+    model_fn = lambda: models.Qwen(config, rngs=nnx.Rngs(0))  # noqa: E731
+    graphdef, abs_params, abs_rest = train.abstract_split(model_fn, mesh)
+    optimizer = _keep_gradient()
+    abstract = train.abstract_train_state(abs_params, abs_rest, optimizer, mesh)
+    placed = jax.tree.map(lambda x, a: jax.device_put(x, a.sharding), params, abs_params)
+    model = nnx.merge(graphdef, placed, jax.tree.map(lambda a: a, abs_rest))
+    _, state = train.init_train_state(model, optimizer, mesh, seed=0)
+    step = train.make_train_step(
+        functools.partial(train.sft_loss, aux_loss_coef=0.0, logits_chunk=48),
+        graphdef=graphdef,
+        optimizer=optimizer,
+        state_shardings=sharding.shardings_of(abstract),
+        batch_shardings=train.batch_shardings_for(mesh),
+        micro_batches=micro,
+        donate=False,
+    )
+    new, metrics = step(state, sharding.global_batch(batch, mesh))
+    grads = [np.asarray(x).ravel() for x in jax.tree.leaves(new.opt_state)]
+    sharded = sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(new.params))
+    np.savez(out / f"{layout}.npz", grad=np.concatenate(grads), sharded=sharded,
+             **{k: np.asarray(v) for k, v in jax.device_get(metrics).items()})  # fmt: skip
+
+
+def main(out_dir: str) -> None:
+    out = pathlib.Path(out_dir)
+    config = models.QwenConfig.preset("tiny")
+    with nnx.use_eager_sharding(False):
+        params = nnx.state(models.Qwen(config, rngs=nnx.Rngs(0)), nnx.Param)
+    batch = next(
+        train.SyntheticTokenSource(batch_size=8, seq_len=128, vocab_size=config.vocab_size)
+    )
+    for layout in LAYOUTS:
+        run(layout, params, config, batch, out)
+        print(json.dumps({"done": layout}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
