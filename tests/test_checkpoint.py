@@ -96,3 +96,68 @@ def test_bad_inputs_fail_clearly(tmp_path):
     (tmp_path / "c2" / "model_config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not valid JSON"):
         read_model_config(tmp_path / "c2")
+
+
+def _train_state(seed=0):
+    import optax
+
+    from hat_jax import sharding
+    from hat_jax.train import abstract_train_state, init_train_state
+    from tests.train.toy_model import LinearLM
+
+    mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=8))
+    model = sharding.init_sharded(lambda: LinearLM(32, rngs=nnx.Rngs(seed)), mesh)
+    optimizer = optax.adam(1e-3)
+    _, state = init_train_state(model, optimizer, mesh, seed=seed)
+    return state, abstract_train_state(state.params, state.model_state, optimizer, mesh)
+
+
+def test_manager_keeps_n_and_restores_everything_saved(tmp_path):
+    from hat_jax.checkpoint import CheckpointManager
+
+    state, abstract = _train_state()
+    manager = CheckpointManager(tmp_path / "checkpoints", keep=2)
+    assert manager.restore(abstract) is None, "nothing to restore yet"
+    for step in (1, 2, 3):
+        manager.save(step, state.replace(step=state.step + step), data_state=b"\x00grain\xff",
+                     config={"run": step}, model_config={"vocab": 32})  # fmt: skip
+    manager.wait()
+    assert manager.steps() == [2, 3]
+    restored = manager.restore(abstract)
+    assert restored.step == 3 and int(restored.state.step) == 3 and not restored.skipped
+    assert restored.data_state == b"\x00grain\xff" and restored.config == {"run": 3}
+    kernel = restored.state.params["lm_head"]["kernel"].get_value()
+    assert kernel.sharding == abstract.params["lm_head"]["kernel"].get_value().sharding
+    for a, b in zip(jax.tree.leaves(restored.state.opt_state), jax.tree.leaves(state.opt_state)):
+        np.testing.assert_array_equal(a, b)
+    # restore_params reads the params item of a step directory or of the newest step
+    params, model_config = restore_params(tmp_path / "checkpoints")
+    assert model_config == {"vocab": 32}
+    np.testing.assert_array_equal(params["lm_head"]["kernel"], np.asarray(kernel))
+    older, _ = restore_params(tmp_path / "checkpoints" / "2")
+    np.testing.assert_array_equal(older["lm_head"]["kernel"], np.asarray(kernel))
+    manager.close()
+
+
+def test_an_explicit_unreadable_step_is_an_error_not_a_fallback(tmp_path):
+    from hat_jax.checkpoint import CheckpointManager, CheckpointMismatchError
+
+    state, abstract = _train_state()
+    manager = CheckpointManager(tmp_path, keep=3, async_save=False)
+    manager.save(1, state, config={}, model_config={})
+    manager.save(2, state, config={}, model_config={})
+    for path in (tmp_path / "2" / "params").rglob("*"):
+        if path.is_file() and path.name != "commit_success.txt":
+            path.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="checkpoint step 2"):
+        manager.restore(abstract, step=2)
+    assert manager.steps() == [1, 2], "an explicit step is never set aside"
+    wrong = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            (x.shape[0] + 8, *x.shape[1:]), x.dtype, sharding=x.sharding
+        ),
+        abstract.params,
+    )
+    with pytest.raises(CheckpointMismatchError, match="shape mismatch"):
+        manager.restore(abstract.replace(params=wrong), step=1)
+    manager.close()

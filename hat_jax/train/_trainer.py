@@ -83,7 +83,10 @@ class TrainerConfig:
             k: getattr(self, k) for k in ("eval_every", "checkpoint_every") if getattr(self, k) < 0
         }
         if self.max_nonfinite_steps < 1 or self.keep_checkpoints < 1:
-            bad |= {"max_nonfinite_steps": self.max_nonfinite_steps, "keep": self.keep_checkpoints}
+            bad |= {
+                "max_nonfinite_steps": self.max_nonfinite_steps,
+                "keep_checkpoints": self.keep_checkpoints,
+            }
         if bad:
             raise ValueError(f"TrainerConfig: invalid values {bad}")
         if self.batch_size % self.micro_batches:
