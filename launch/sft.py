@@ -135,8 +135,8 @@ def _init_params(kind: str, path: str, model: models.QwenConfig):
     return from_hf
 
 
-def run(c, *, run_dir: str | None = None) -> train.SFTResult:
-    """Runs (or resumes) the SFT stage described by config `c`."""
+def run(c, *, run_dir: str | None = None, mesh=None) -> train.SFTResult:
+    """Runs (or resumes) the SFT stage described by config `c` (`mesh` overrides its mesh)."""
     from flax import nnx
 
     import data
@@ -154,7 +154,21 @@ def run(c, *, run_dir: str | None = None) -> train.SFTResult:
         eval_data=(lambda: data.sft_data(built.eval_data)) if built.eval_data else None,
         run_config=c.to_dict(),
         model_config=built.model.to_dict(),
+        mesh=mesh,
     )
+
+
+def summary(result: train.SFTResult) -> list[str]:
+    """Report lines for a finished run (used by `launch.demo`)."""
+    m = result.final_metrics
+    resumed = f", resumed from step {result.resumed_from}" if result.resumed_from else ""
+    return [
+        f"step {result.step}{resumed}: loss {m.get('loss', float('nan')):.4f}, "
+        f"accuracy {m.get('accuracy', float('nan')):.3f}, "
+        f"{m.get('tokens_per_second', 0):.0f} tokens/s",
+        f"checkpoint: {result.checkpoint_dir}",
+        f"metrics: {result.metrics_path}; plots: {result.plots_dir}",
+    ]
 
 
 def main(argv):
@@ -162,9 +176,8 @@ def main(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)
     sharding.initialize_distributed()
     result = run(_CONFIG.value, run_dir=_RUN_DIR.value)
-    loss = result.final_metrics.get("loss")
-    print(f"sft: step {result.step}, loss {loss}, checkpoint {result.checkpoint_dir}")
-    print(f"sft: metrics {result.metrics_path}, plots {result.plots_dir}")
+    if jax.process_index() == 0:
+        print("\n".join(f"sft: {line}" for line in summary(result)))
 
 
 if __name__ == "__main__":

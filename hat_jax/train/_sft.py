@@ -28,6 +28,7 @@ from hat_jax.sharding import (
     PARAM_RULES,
     MeshConfig,
     batch_spec,
+    data_parallel_size,
     init_sharded,
     make_mesh,
     shardings_of,
@@ -142,6 +143,12 @@ def run_sft(
     run_dir = pathlib.Path(run_dir)
     mesh = mesh or make_mesh(config.mesh)
     tcfg = config.trainer
+    dp = data_parallel_size(mesh)
+    if (tcfg.batch_size // tcfg.micro_batches) % dp:
+        raise ValueError(
+            f"trainer.batch_size {tcfg.batch_size} / micro_batches {tcfg.micro_batches} is not "
+            f"divisible by the data-parallel size {dp} of mesh {dict(mesh.shape)}"
+        )
     graphdef, abs_params, abs_rest = abstract_split(model_fn, mesh)
     optimizer = make_optimizer(config.optimizer, abs_params)
     abstract = abstract_train_state(abs_params, abs_rest, optimizer, mesh)

@@ -1,0 +1,60 @@
+"""`launch.sft` end to end on a small demo corpus: corpus -> Grain pipeline -> tiny Qwen ->
+checkpoint -> Hugging Face export, and the harness-mode check against the corpus."""
+
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from configs import sft_demo
+from hat_jax import sharding
+from launch import sft
+
+# One device: the full model on several simulated CPU devices needs XLA's classic runtime
+# (see qwen_mesh_check.py); sharding is covered there.
+ONE_DEVICE = dict(devices=jax.devices()[:1])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    cmd = [sys.executable, "-m", "launch.make_corpus", "--out", str(out), "--num_scenarios", "4",
+           "--states_per_scenario", "2", "--splits", "train"]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    return out
+
+
+def _config(corpus, **trainer):
+    c = sft_demo.get_config()
+    c.data.corpus = str(corpus)
+    c.data.eval_split = ""
+    c.trainer.update(dict(total_steps=2, batch_size=1, seq_len=5120, log_every=1,
+                          checkpoint_every=2, progress=False, plots=False) | trainer)  # fmt: skip
+    return c
+
+
+@pytest.mark.slow
+def test_sft_on_the_demo_corpus_then_export_to_hf(corpus, tmp_path):
+    mesh = sharding.make_mesh(sharding.MeshConfig(), **ONE_DEVICE)
+    with pytest.raises(ValueError, match="not divisible by the data-parallel size 8"):
+        sft.run(_config(corpus), run_dir=str(tmp_path / "bad"))
+    result = sft.run(_config(corpus), run_dir=str(tmp_path / "run"), mesh=mesh)
+    assert result.step == 2 and result.checkpoint_dir.name == "2"
+    assert result.final_metrics["weight"] > 0 and result.final_metrics["loss"] > 0
+    assert any("checkpoint:" in line for line in sft.summary(result))
+    out = tmp_path / "hf"
+    cmd = [sys.executable, "-m", "serve.convert", "to-hf", "--checkpoint",
+           str(result.checkpoint_dir), "--out", str(out), "--dtype", "float32"]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    assert (out / "config.json").is_file()
+
+
+def test_the_fixed_harness_ablation_refuses_an_augmented_corpus(corpus, tmp_path):
+    c = sft_demo.get_config("fixed")
+    c.data.corpus = str(corpus)
+    with pytest.raises(ValueError, match="generated with states='original\\+augmented'"):
+        sft.run(c, run_dir=str(tmp_path))
+    c.data.corpus = str(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="launch.make_corpus"):
+        sft.run(c, run_dir=str(tmp_path))
