@@ -66,6 +66,9 @@ class QwenConfig:
         remat: activation checkpointing of each scanned block: "none", "full",
             "save_dots" (keep matmul outputs) or "save_dots_no_batch".
         deltanet_chunk_size: chunk length of the chunked gated delta rule.
+        scan_unroll: blocks per iteration of the layer scan: 1 keeps compile time flat in
+            depth; unrolling a shallow model (CPU, demo) lets XLA drop the per-iteration
+            slicing and gradient-accumulation copies of the stacked parameters.
     """
 
     family: str = "qwen3_5_moe"
@@ -104,9 +107,10 @@ class QwenConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     moe_dispatch: str = "sorted"
-    moe_block_size: int = 64
+    moe_block_size: int = 128
     remat: str = "none"
     deltanet_chunk_size: int = 64
+    scan_unroll: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -291,6 +295,7 @@ def _validate_runtime(c: QwenConfig) -> None:
     _check(c.moe_block_size > 0, "moe_block_size", c.moe_block_size, "must be positive")
     _check(c.deltanet_chunk_size > 0, "deltanet_chunk_size", c.deltanet_chunk_size,
            "must be positive")  # fmt: skip
+    _check(c.scan_unroll > 0, "scan_unroll", c.scan_unroll, "must be positive")
 
 
 def _qwen3_5_35b_a3b(**extra: Any) -> QwenConfig:

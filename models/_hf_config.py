@@ -23,6 +23,7 @@ _RUNTIME_FIELDS = (
     "moe_block_size",
     "remat",
     "deltanet_chunk_size",
+    "scan_unroll",
 )
 
 # Vision tower of the released Qwen3.5-MoE checkpoints. hat-jax trains the language model

@@ -129,7 +129,8 @@ class Qwen(nnx.Module):
         if policy != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[policy], prevent_cse=False)
         zeros = jnp.zeros((self.config.num_experts,), jnp.float32)
-        (x, counts, prob_sums), _ = jax.lax.scan(body, (x, zeros, zeros), state)
+        unroll = min(self.config.scan_unroll, self.config.num_blocks)
+        (x, counts, prob_sums), _ = jax.lax.scan(body, (x, zeros, zeros), state, unroll=unroll)
         return x, counts, prob_sums
 
     def __call__(

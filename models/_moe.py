@@ -47,33 +47,67 @@ def _sort_assignments(idx: jax.Array, num_experts: int):
     return order, flat[order], counts
 
 
+@jax.custom_vjp
+def _take_rows(x: jax.Array, index: jax.Array, inverse: jax.Array) -> jax.Array:
+    """`x[index]` for a row gather whose every use of a row is listed in `inverse`.
+
+    Args:
+        x: [R, D]; index: int[M] rows of x, value R reads a zero row.
+        inverse: int[R, U], for each row of x the output positions that read it (value M:
+            unused slot).
+
+    The backward pass is then a gather too (dx[r] = sum_j dout[inverse[r, j]]) instead of a
+    scatter-add into a materialised zero buffer, which is what costs on CPU.
+    """
+    return _with_zero_row(x)[index]
+
+
+def _with_zero_row(x: jax.Array) -> jax.Array:
+    return jnp.concatenate([x, jnp.zeros((1, *x.shape[1:]), x.dtype)])
+
+
+def _take_rows_fwd(x, index, inverse):
+    return _take_rows(x, index, inverse), inverse
+
+
+def _take_rows_bwd(inverse, dout):
+    return jnp.sum(_with_zero_row(dout)[inverse], axis=1), None, None
+
+
+_take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
+
+
 def sorted_experts(x, idx, weights, gate, up, down, *, block_size: int):
-    """Block-padded grouped matmul; same contract as `dense_experts`."""
+    """Block-padded grouped matmul; same contract as `dense_experts`.
+
+    Assignments are sorted by expert and laid out in blocks of `block_size` rows, each
+    expert's rows padded to whole blocks, so every block belongs to one expert. The number
+    of blocks has the static bound (N K + E (b - 1)) / b, whatever the routing.
+    """
     n, k = idx.shape
     num_experts = gate.shape[0]
     b = block_size
     order, expert_sorted, counts = _sort_assignments(idx, num_experts)
     padded = (counts + b - 1) // b * b
-    padded_start = jnp.cumsum(padded) - padded
+    padded_end = jnp.cumsum(padded)
     start = jnp.cumsum(counts) - counts
     rank = jnp.arange(n * k) - start[expert_sorted]
-    row_of_sorted = padded_start[expert_sorted] + rank  # destination row of each assignment
-    num_blocks = (n * k + num_experts * (b - 1)) // b  # static bound on sum(ceil(c_e / b))
+    row_of_sorted = padded_end[expert_sorted] - padded[expert_sorted] + rank
+    num_blocks = (n * k + num_experts * (b - 1)) // b
     rows = num_blocks * b
-    token_of_sorted = order // k
-    source = jnp.full((rows,), n, jnp.int32).at[row_of_sorted].set(token_of_sorted)
-    x_rows = jnp.concatenate([x, jnp.zeros((1, x.shape[1]), x.dtype)])[source]
-    block_start = jnp.arange(num_blocks) * b
-    block_expert = jnp.searchsorted(jnp.cumsum(padded), block_start, side="right")
-    block_expert = jnp.minimum(block_expert, num_experts - 1)
-    xb = x_rows.reshape(num_blocks, b, -1)
-    h = _swiglu(
-        jnp.einsum("gbd,gdf->gbf", xb, gate[block_expert]),
-        jnp.einsum("gbd,gdf->gbf", xb, up[block_expert]),
-    )
-    y_rows = jnp.einsum("gbf,gfd->gbd", h, down[block_expert]).reshape(rows, -1)
+    # Both directions of the (token, k) <-> row map, so every gather has a gather transpose.
     row_of_assignment = jnp.zeros((n * k,), jnp.int32).at[order].set(row_of_sorted)
-    y = y_rows[row_of_assignment].reshape(n, k, -1)
+    assignment_of_row = jnp.full((rows,), n * k, jnp.int32).at[row_of_sorted].set(order)
+    token_of_row = jnp.where(assignment_of_row < n * k, assignment_of_row // k, n)
+    block_expert = jnp.searchsorted(padded_end, jnp.arange(num_blocks) * b, side="right")
+    block_expert = jnp.minimum(block_expert, num_experts - 1)
+
+    x_rows = _take_rows(x, token_of_row, row_of_assignment.reshape(n, k))
+    gate_up = jnp.concatenate([gate, up], axis=-1)[block_expert]  # [blocks, D, 2F]
+    h = jnp.einsum("gbd,gdf->gbf", x_rows.reshape(num_blocks, b, -1), gate_up)
+    h = _swiglu(*jnp.split(h, 2, axis=-1))
+    y_rows = jnp.einsum("gbf,gfd->gbd", h, down[block_expert]).reshape(rows, -1)
+    y = _take_rows(y_rows, row_of_assignment, assignment_of_row[:, None]).reshape(n, k, -1)
     return jnp.einsum("nk,nkd->nd", weights, y)
 
 

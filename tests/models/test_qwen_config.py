@@ -64,7 +64,7 @@ def test_to_dict_round_trip():
 
 
 def _architecture(config: QwenConfig) -> dict:
-    runtime = {"dtype", "param_dtype", "moe_dispatch", "moe_block_size", "remat"}
+    runtime = {"dtype", "param_dtype", "moe_dispatch", "moe_block_size", "remat", "scan_unroll"}
     return {k: v for k, v in dataclasses.asdict(config).items() if k not in runtime}
 
 

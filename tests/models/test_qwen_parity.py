@@ -9,10 +9,18 @@ comparison meaningless (the choice flips on 1 ulp), so each case checks its marg
 
 import numpy as np
 import pytest
-from qwen_fixtures import PAD_FROM, batch, build, forward, qwen3_5_config, qwen3_moe_config, save
-from qwen_fixtures import reference as hf_reference
 
 from serve import load_hf
+from tests.models.qwen_fixtures import (
+    PAD_FROM,
+    batch,
+    build,
+    forward,
+    qwen3_5_config,
+    qwen3_moe_config,
+    save,
+)
+from tests.models.qwen_fixtures import reference as hf_reference
 
 TOLERANCE = 1e-4
 
