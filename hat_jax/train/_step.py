@@ -147,7 +147,11 @@ def make_train_step(
 
         def apply(_):
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-            return optax.apply_updates(state.params, updates), opt_state
+            new = (optax.apply_updates(state.params, updates), opt_state)
+            # float32 gradients must not promote lower-precision parameters or moments
+            return jax.tree.map(
+                lambda x, old: x.astype(old.dtype), new, (state.params, state.opt_state)
+            )
 
         params, opt_state = jax.lax.cond(
             finite, apply, lambda _: (state.params, state.opt_state), None

@@ -233,3 +233,24 @@ def test_chunked_cross_entropy_equals_the_full_logits_loss():
         nnx.to_pure_dict(grads_b),
         nnx.to_pure_dict(grads_a),
     )
+
+
+def test_low_precision_parameters_and_moments_keep_their_dtype():
+    mesh = sharding.make_mesh(sharding.MeshConfig(fsdp=8))
+    model_fn = lambda: LinearLM(CONFIG.vocab, rngs=nnx.Rngs(0), dtype=jnp.bfloat16)  # noqa: E731
+    graphdef, abs_params, abs_rest = abstract_split(model_fn, mesh)
+    optimizer = optax.adamw(1e-2)
+    abstract = abstract_train_state(abs_params, abs_rest, optimizer, mesh)
+    _, state = init_train_state(sharding.init_sharded(model_fn, mesh), optimizer, mesh, seed=0)
+    step = make_train_step(
+        sft_loss,
+        graphdef=graphdef,
+        optimizer=optimizer,
+        state_shardings=sharding.shardings_of(abstract),
+        batch_shardings=batch_shardings_for(mesh),
+        micro_batches=2,
+    )
+    new, metrics = step(state, sharding.global_batch(_batch(), mesh))
+    dtypes = lambda s: [x.dtype for x in jax.tree.leaves((s.params, s.opt_state))]  # noqa: E731
+    assert dtypes(new) == dtypes(abstract) and jnp.bfloat16 in dtypes(new)
+    assert np.isfinite(metrics["loss"]) and int(metrics["skipped"]) == 0

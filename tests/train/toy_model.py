@@ -140,15 +140,20 @@ class LinearLM(nnx.Module):
     and compile time is not.
     """
 
-    def __init__(self, vocab: int = 64, hidden: int = 16, *, rngs: nnx.Rngs):
+    def __init__(self, vocab: int = 64, hidden: int = 16, *, rngs: nnx.Rngs, dtype=jnp.float32):
         self.embed_tokens = nnx.Embed(
-            vocab, hidden, rngs=rngs, embedding_metadata={"out_sharding": ("vocab", "embed")}
+            vocab,
+            hidden,
+            rngs=rngs,
+            param_dtype=dtype,
+            embedding_metadata={"out_sharding": ("vocab", "embed")},
         )
         self.lm_head = nnx.Linear(
             hidden,
             vocab,
             use_bias=False,
             rngs=rngs,
+            param_dtype=dtype,
             kernel_metadata={"out_sharding": ("embed", "vocab")},
         )
 
