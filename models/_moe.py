@@ -26,15 +26,16 @@ from models import _params as P
 from models._config import QwenConfig
 
 
-def _swiglu(h: jax.Array, u: jax.Array) -> jax.Array:
-    return P.silu(h) * u
+def _swiglu(h: jax.Array) -> jax.Array:
+    """silu(gate) * up for h [..., 2, F] (gate and up stacked on the second-to-last axis)."""
+    return P.silu(h[..., 0, :]) * h[..., 1, :]
 
 
-def dense_experts(x, idx, weights, gate, up, down):
-    """x [N, D], idx/weights [N, K], gate/up [E, D, F], down [E, F, D] -> [N, D]."""
-    num_experts = gate.shape[0]
+def dense_experts(x, idx, weights, gate_up, down):
+    """x [N, D], idx/weights [N, K], gate_up [E, D, 2, F], down [E, F, D] -> [N, D]."""
+    num_experts = gate_up.shape[0]
     combine = jnp.sum(jax.nn.one_hot(idx, num_experts, dtype=x.dtype) * weights[..., None], 1)
-    h = _swiglu(jnp.einsum("nd,edf->nef", x, gate), jnp.einsum("nd,edf->nef", x, up))
+    h = _swiglu(jnp.einsum("nd,edgf->negf", x, gate_up))
     y = jnp.einsum("nef,efd->ned", h, down)
     return jnp.einsum("ne,ned->nd", combine, y)
 
@@ -77,7 +78,7 @@ def _take_rows_bwd(inverse, dout):
 _take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
 
 
-def sorted_experts(x, idx, weights, gate, up, down, *, block_size: int):
+def sorted_experts(x, idx, weights, gate_up, down, *, block_size: int):
     """Block-padded grouped matmul; same contract as `dense_experts`.
 
     Assignments are sorted by expert and laid out in blocks of `block_size` rows, each
@@ -85,7 +86,7 @@ def sorted_experts(x, idx, weights, gate, up, down, *, block_size: int):
     of blocks has the static bound (N K + E (b - 1)) / b, whatever the routing.
     """
     n, k = idx.shape
-    num_experts = gate.shape[0]
+    num_experts = gate_up.shape[0]
     b = block_size
     order, expert_sorted, counts = _sort_assignments(idx, num_experts)
     padded = (counts + b - 1) // b * b
@@ -103,20 +104,21 @@ def sorted_experts(x, idx, weights, gate, up, down, *, block_size: int):
     block_expert = jnp.minimum(block_expert, num_experts - 1)
 
     x_rows = _take_rows(x, token_of_row, row_of_assignment.reshape(n, k))
-    gate_up = jnp.concatenate([gate, up], axis=-1)[block_expert]  # [blocks, D, 2F]
-    h = jnp.einsum("gbd,gdf->gbf", x_rows.reshape(num_blocks, b, -1), gate_up)
-    h = _swiglu(*jnp.split(h, 2, axis=-1))
+    h = jnp.einsum("gbd,gdhf->gbhf", x_rows.reshape(num_blocks, b, -1), gate_up[block_expert])
+    h = _swiglu(h)
     y_rows = jnp.einsum("gbf,gfd->gbd", h, down[block_expert]).reshape(rows, -1)
     y = _take_rows(y_rows, row_of_assignment, assignment_of_row[:, None]).reshape(n, k, -1)
     return jnp.einsum("nk,nkd->nd", weights, y)
 
 
-def ragged_experts(x, idx, weights, gate, up, down):
+def ragged_experts(x, idx, weights, gate_up, down):
     """`jax.lax.ragged_dot` grouped matmul; same contract as `dense_experts`."""
     n, k = idx.shape
-    order, _, counts = _sort_assignments(idx, gate.shape[0])
+    num_experts, hidden, _, ffn = gate_up.shape
+    order, _, counts = _sort_assignments(idx, num_experts)
     xs = x[order // k]
-    h = _swiglu(jax.lax.ragged_dot(xs, gate, counts), jax.lax.ragged_dot(xs, up, counts))
+    h = jax.lax.ragged_dot(xs, gate_up.reshape(num_experts, hidden, 2 * ffn), counts)
+    h = _swiglu(h.reshape(-1, 2, ffn))
     ys = jax.lax.ragged_dot(h, down, counts)
     y = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
     return jnp.einsum("nk,nkd->nd", weights, y)
@@ -144,26 +146,37 @@ class MoE(nnx.Module):
         def normal(shape, names):
             return P.normal(shape, names, std=std, dtype=pd)
 
+        # SwiGLU gate and up projections are stacked on an unnamed axis of size 2 (HF's fused
+        # `gate_up_proj` layout), so each runs as one matmul.
         self.router = normal((e, x), (P.EMBED, P.EXPERT))
-        self.gate_proj = normal((x, e, f), (P.EXPERT, P.EMBED, P.MLP))
-        self.up_proj = normal((x, e, f), (P.EXPERT, P.EMBED, P.MLP))
+        self.gate_up_proj = normal((x, e, 2, f), (P.EXPERT, P.EMBED, None, P.MLP))
         self.down_proj = normal((x, f, e), (P.EXPERT, P.MLP, P.EMBED))
         s = c.shared_expert_intermediate_size
         if s:
-            self.shared_gate_proj = normal((e, s), (P.EMBED, P.MLP))
-            self.shared_up_proj = normal((e, s), (P.EMBED, P.MLP))
+            self.shared_gate_up_proj = normal((e, 2, s), (P.EMBED, None, P.MLP))
             self.shared_down_proj = normal((s, e), (P.MLP, P.EMBED))
             self.shared_expert_gate = normal((e,), (P.EMBED,))
 
     def _experts(self, x, idx, weights):
         c = self.config
-        gate, up, down = (w[...].astype(x.dtype) for w in (self.gate_proj, self.up_proj,
-                                                            self.down_proj))  # fmt: skip
+        gate_up = self.gate_up_proj[...].astype(x.dtype)
+        down = self.down_proj[...].astype(x.dtype)
         if c.moe_dispatch == "dense":
-            return dense_experts(x, idx, weights, gate, up, down)
+            return dense_experts(x, idx, weights, gate_up, down)
         if c.moe_dispatch == "sorted":
-            return sorted_experts(x, idx, weights, gate, up, down, block_size=c.moe_block_size)
-        return ragged_experts(x, idx, weights, gate, up, down)
+            return sorted_experts(x, idx, weights, gate_up, down, block_size=c.moe_block_size)
+        return ragged_experts(x, idx, weights, gate_up, down)
+
+    def _project(self, x: jax.Array) -> tuple[jax.Array, ...]:
+        """Router logits, and the shared expert's gate logit and gate/up, in one matmul."""
+        c = self.config
+        kernels = [self.router[...]]
+        if c.shared_expert_intermediate_size:
+            kernels += [self.shared_expert_gate[...][:, None], self.shared_gate_up_proj[...]]
+        flat = [w.reshape(w.shape[0], -1).astype(x.dtype) for w in kernels]
+        sizes = [w.shape[1] for w in flat]
+        y = x @ jnp.concatenate(flat, axis=1)
+        return tuple(jnp.split(y, [sum(sizes[:i]) for i in range(1, len(sizes))], axis=-1))
 
     def __call__(self, x: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """x [B, T, E], valid bool[B, T] -> (y [B, T, E], expert counts f32[E], prob sums f32[E]).
@@ -173,17 +186,14 @@ class MoE(nnx.Module):
         c = self.config
         batch, length, hidden = x.shape
         flat = x.reshape(-1, hidden)
-        logits = flat @ self.router[...].astype(x.dtype)
-        probs, top_w, top_i = route(logits, c.num_experts_per_tok, c.norm_topk_prob)
+        parts = self._project(flat)
+        probs, top_w, top_i = route(parts[0], c.num_experts_per_tok, c.norm_topk_prob)
         y = self._experts(flat, top_i, top_w.astype(x.dtype))
         if c.shared_expert_intermediate_size:
-            h = _swiglu(
-                flat @ self.shared_gate_proj[...].astype(x.dtype),
-                flat @ self.shared_up_proj[...].astype(x.dtype),
-            )
+            _, shared_gate, gate_up = parts
+            h = _swiglu(gate_up.reshape(-1, 2, c.shared_expert_intermediate_size))
             shared = h @ self.shared_down_proj[...].astype(x.dtype)
-            shared_gate = jax.nn.sigmoid(flat @ self.shared_expert_gate[...].astype(x.dtype))
-            y = y + shared_gate[:, None] * shared
+            y = y + jax.nn.sigmoid(shared_gate) * shared
         mask = valid.reshape(-1).astype(jnp.float32)
         counts = jnp.einsum("nke,n->e", jax.nn.one_hot(top_i, c.num_experts), mask)
         prob_sums = jnp.einsum("ne,n->e", probs, mask)

@@ -94,21 +94,29 @@ def hf_layer_shapes(c: QwenConfig, kind: str, experts: str) -> dict[str, tuple[i
 
 
 def _experts_to_ours(c: QwenConfig, experts: str) -> dict[str, Callable[[Read], np.ndarray]]:
-    f = c.moe_intermediate_size
-    if experts == "fused":
+    """Ours: gate_up [E, D, 2, F] (gate then up on axis 2), down [E, F, D]."""
+    e, x, f = c.hidden_size, c.num_experts, c.moe_intermediate_size
+    if experts == "fused":  # HF gate_up_proj [E, 2F, D]: F gate rows, then F up rows
         return {
-            "moe/gate_proj": lambda r: r("mlp.experts.gate_up_proj")[:, :f].transpose(0, 2, 1),
-            "moe/up_proj": lambda r: r("mlp.experts.gate_up_proj")[:, f:].transpose(0, 2, 1),
+            "moe/gate_up_proj": lambda r: (
+                r("mlp.experts.gate_up_proj").reshape(x, 2, f, e).transpose(0, 3, 1, 2)
+            ),
             "moe/down_proj": lambda r: r("mlp.experts.down_proj").transpose(0, 2, 1),
         }
 
-    def stack(r: Read, name: str) -> np.ndarray:
-        return np.stack([r(f"mlp.experts.{i}.{name}.weight").T for i in range(c.num_experts)])
+    def gate_up(r: Read) -> np.ndarray:
+        return np.stack(
+            [
+                np.stack([r(f"mlp.experts.{i}.{n}.weight").T for n in ("gate_proj", "up_proj")], 1)
+                for i in range(x)
+            ]
+        )
 
     return {
-        "moe/gate_proj": lambda r: stack(r, "gate_proj"),
-        "moe/up_proj": lambda r: stack(r, "up_proj"),
-        "moe/down_proj": lambda r: stack(r, "down_proj"),
+        "moe/gate_up_proj": gate_up,
+        "moe/down_proj": lambda r: np.stack(
+            [r(f"mlp.experts.{i}.down_proj.weight").T for i in range(x)]
+        ),
     }
 
 
@@ -136,8 +144,9 @@ def ours_from_hf(c: QwenConfig, kind: str, experts: str) -> dict[str, Callable[[
         m.update(_deltanet_from_hf(c))
     m.update(_experts_to_ours(c, experts))
     if c.shared_expert_intermediate_size:
-        m["moe/shared_gate_proj"] = lambda r: r("mlp.shared_expert.gate_proj.weight").T
-        m["moe/shared_up_proj"] = lambda r: r("mlp.shared_expert.up_proj.weight").T
+        m["moe/shared_gate_up_proj"] = lambda r: np.stack(
+            [r(f"mlp.shared_expert.{n}.weight").T for n in ("gate_proj", "up_proj")], axis=1
+        )
         m["moe/shared_down_proj"] = lambda r: r("mlp.shared_expert.down_proj.weight").T
         m["moe/shared_expert_gate"] = lambda r: r("mlp.shared_expert_gate.weight")[0]
     return m
@@ -192,20 +201,21 @@ def hf_from_ours(c: QwenConfig, kind: str, experts: str) -> dict[str, Callable[[
         m["self_attn.k_norm.weight"] = lambda g: g("mixer/k_norm/weight")
     else:
         m.update(_deltanet_to_hf())
-    if experts == "fused":
-        m["mlp.experts.gate_up_proj"] = lambda g: np.concatenate(
-            [g("moe/gate_proj"), g("moe/up_proj")], axis=2
-        ).transpose(0, 2, 1)
+    if experts == "fused":  # ours [E, D, 2, F] -> HF [E, 2F, D]
+        m["mlp.experts.gate_up_proj"] = lambda g: (
+            g("moe/gate_up_proj").transpose(0, 2, 3, 1).reshape(c.num_experts, -1, c.hidden_size)
+        )
         m["mlp.experts.down_proj"] = lambda g: g("moe/down_proj").transpose(0, 2, 1)
     else:
         for i in range(c.num_experts):
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                m[f"mlp.experts.{i}.{name}.weight"] = lambda g, i=i, name=name: (
-                    g(f"moe/{name}")[i].T
+            for j, name in enumerate(("gate_proj", "up_proj")):
+                m[f"mlp.experts.{i}.{name}.weight"] = lambda g, i=i, j=j: (
+                    g("moe/gate_up_proj")[i, :, j].T
                 )
+            m[f"mlp.experts.{i}.down_proj.weight"] = lambda g, i=i: g("moe/down_proj")[i].T
     if c.shared_expert_intermediate_size:
-        m["mlp.shared_expert.gate_proj.weight"] = lambda g: g("moe/shared_gate_proj").T
-        m["mlp.shared_expert.up_proj.weight"] = lambda g: g("moe/shared_up_proj").T
+        m["mlp.shared_expert.gate_proj.weight"] = lambda g: g("moe/shared_gate_up_proj")[:, 0].T
+        m["mlp.shared_expert.up_proj.weight"] = lambda g: g("moe/shared_gate_up_proj")[:, 1].T
         m["mlp.shared_expert.down_proj.weight"] = lambda g: g("moe/shared_down_proj").T
         m["mlp.shared_expert_gate.weight"] = lambda g: g("moe/shared_expert_gate")[None]
     return m

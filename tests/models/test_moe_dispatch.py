@@ -16,10 +16,9 @@ TOKENS, HIDDEN, FFN, EXPERTS, TOP_K = 300, 16, 12, 8, 2
 def _weights(seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(TOKENS, HIDDEN))
-    gate = rng.normal(size=(EXPERTS, HIDDEN, FFN)) * 0.3
-    up = rng.normal(size=(EXPERTS, HIDDEN, FFN)) * 0.3
+    gate_up = rng.normal(size=(EXPERTS, HIDDEN, 2, FFN)) * 0.3
     down = rng.normal(size=(EXPERTS, FFN, HIDDEN)) * 0.3
-    return tuple(jnp.asarray(a, jnp.float32) for a in (x, gate, up, down))
+    return tuple(jnp.asarray(a, jnp.float32) for a in (x, gate_up, down))
 
 
 def _routing(kind: str, seed=0):
@@ -44,36 +43,37 @@ DISPATCHES = {
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _value_and_grads(name, x, idx, w, gate, up, down):
-    def loss(x, w, gate, up, down):
-        y = DISPATCHES[name](x, idx, w, gate, up, down)
+def _value_and_grads(name, x, idx, w, gate_up, down):
+    def loss(x, w, gate_up, down):
+        y = DISPATCHES[name](x, idx, w, gate_up, down)
         return jnp.sum(y * jnp.cos(jnp.arange(y.size).reshape(y.shape))), y
 
-    (_, y), grads = jax.value_and_grad(loss, argnums=range(5), has_aux=True)(x, w, gate, up, down)
+    (_, y), grads = jax.value_and_grad(loss, argnums=range(4), has_aux=True)(x, w, gate_up, down)
     return y, grads
 
 
 @pytest.mark.parametrize("routing", ["random", "skewed", "sparse"])
 def test_dispatches_agree_with_the_dense_reference(routing):
-    x, gate, up, down = _weights()
+    x, gate_up, down = _weights()
     idx, w = _routing(routing)
-    ref_y, ref_grads = _value_and_grads("dense", x, idx, w, gate, up, down)
+    ref_y, ref_grads = _value_and_grads("dense", x, idx, w, gate_up, down)
     for name in DISPATCHES:
-        y, grads = _value_and_grads(name, x, idx, w, gate, up, down)
+        y, grads = _value_and_grads(name, x, idx, w, gate_up, down)
         np.testing.assert_allclose(y, ref_y, atol=1e-5, err_msg=f"{name} output")
         for i, (g, r) in enumerate(zip(grads, ref_grads)):
             np.testing.assert_allclose(g, r, atol=1e-4, err_msg=f"{name} grad {i}")
 
 
 def test_dense_reference_is_the_weighted_sum_of_expert_mlps():
-    x, gate, up, down = _weights()
+    x, gate_up, down = _weights()
     idx, w = _routing("random")
-    y = np.asarray(dense_experts(x, idx, w, gate, up, down))
-    x, gate, up, down, idx, w = map(np.asarray, (x, gate, up, down, idx, w))
+    y = np.asarray(dense_experts(x, idx, w, gate_up, down))
+    x, gate_up, down, idx, w = map(np.asarray, (x, gate_up, down, idx, w))
     for n in (0, 17, 299):
         expect = 0
         for k in range(TOP_K):
             e = idx[n, k]
-            h = x[n] @ gate[e]
-            expect = expect + w[n, k] * ((h / (1 + np.exp(-h))) * (x[n] @ up[e])) @ down[e]
+            h = x[n] @ gate_up[e, :, 0]
+            up = x[n] @ gate_up[e, :, 1]
+            expect = expect + w[n, k] * ((h / (1 + np.exp(-h))) * up) @ down[e]
         np.testing.assert_allclose(y[n], expect, rtol=1e-5, atol=1e-6)
