@@ -14,7 +14,8 @@ Public API:
     chunked_gated_delta_rule, recurrent_gated_delta_rule
                     the segment-aware delta rule (training form and per-step reference).
     dense_experts, sorted_experts, ragged_experts
-                    the three dropless MoE dispatches (same contract, same results).
+                    the three dropless MoE dispatches, `f(x, idx, weights, gate_up, down)`
+                    with gate_up [E, D, 2, F] (SwiGLU gate then up) and down [E, F, D].
 
 Packed sequences: `segment_ids [B, T]` splits each row into documents; a document is a
 maximal run of equal ids and id 0 is padding. Attention is block-diagonal causal, DeltaNet
@@ -34,12 +35,18 @@ by `hat_jax.sharding`):
     delta_k_heads, delta_v_heads, delta_k_dim, delta_v_dim
                      Gated DeltaNet key/value heads and their widths
     conv_kernel      DeltaNet causal-conv taps
+    None             the size-2 axis stacking the SwiGLU gate and up kernels (never sharded)
 
 Layout: parameters of the repeating layer pattern (3 DeltaNet + 1 attention for Qwen3.5,
 1 attention for Qwen3-MoE) are stacked over repeats (`blocks/layers/<position>/...`, leading
-`layers` axis) and the forward pass scans over them, rematerialised per `config.remat`.
-MoE dispatch per backend: "sorted" on CPU, "ragged" (`jax.lax.ragged_dot`) on GPU/TPU,
-"dense" as the reference. HF conversion lives in `serve.convert`.
+`layers` axis) and the forward pass scans over them (`config.scan_unroll` repeats per
+iteration), each repeat rematerialised per `config.remat`. MoE dispatch per backend:
+"sorted" on CPU, "ragged" (`jax.lax.ragged_dot`) on GPU/TPU, "dense" as the reference.
+Norms, softmaxes, routing and the delta rule compute in float32 whatever `config.dtype` is.
+Parameters are drawn by one jitted draw per model structure (cached), so building a model
+again is cheap; under `nnx.eval_shape` nothing is allocated. HF conversion lives in
+`serve.convert`; decoding (KV cache, conv/recurrent state), the MTP head and the sampler
+come next: the attention and DeltaNet cores already take explicit slots / initial states.
 """
 
 from models._config import PRESETS, QwenConfig
