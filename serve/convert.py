@@ -190,7 +190,7 @@ def load_hf(
     *,
     dtype: Any = "float32",
     compute_dtype: Any = None,
-    mesh: jax.sharding.Mesh | None = None,
+    shardings: Any = None,
     **runtime: Any,
 ) -> tuple[QwenConfig, Qwen]:
     """Loads an HF Qwen3.5-MoE / Qwen3-MoE directory into a `Qwen`.
@@ -199,8 +199,9 @@ def load_hf(
         hf_dir: directory with `config.json` and safetensors (sharded with an index or not).
         dtype: parameter dtype (the config's `param_dtype`).
         compute_dtype: the config's `dtype` (defaults to `dtype`).
-        mesh: if given, each parameter is placed with the `NamedSharding` its logical axis
-            names map to under the active `nnx.logical_axis_rules`.
+        shardings: where to place each parameter: a state of `jax.sharding.Sharding`s with the
+            structure of the model's parameter state (e.g. `hat_jax.sharding.state_shardings`
+            of `abstract_model(config)`); each parameter goes straight to its shards.
         **runtime: other runtime fields of `QwenConfig` (moe_dispatch, remat, ...).
 
     Returns:
@@ -224,18 +225,26 @@ def load_hf(
     _check_names(tensors, _expected(config, prefix, plan))
 
     graphdef, state = nnx.split(abstract_model(config))
+    placement = {}
+    if shardings is not None:
+        placement = {_path_str(p): _leaf(v) for p, v in nnx.to_flat_state(shardings)}
     np_dtype = np.dtype(jnp.dtype(param_dtype))
     for path, var in nnx.to_flat_state(state):
         name = _path_str(path)
         value = _assemble(config, name, var.shape, np_dtype, tensors, prefix, plan)
-        if mesh is not None:
-            pspec = nnx.spmd.get_var_pspec(var)
-            array = jax.device_put(value, jax.sharding.NamedSharding(mesh, pspec))
+        if shardings is not None:
+            if name not in placement:
+                raise ValueError(f"load_hf: shardings has no entry for parameter {name}")
+            array = jax.device_put(value, placement[name])
         else:
             array = jnp.asarray(value)
         del value
         var.set_value(array)
     return config, nnx.merge(graphdef, state)
+
+
+def _leaf(value: Any) -> Any:
+    return value.get_value() if isinstance(value, nnx.Variable) else value
 
 
 def read_hf_tensors(hf_dir: os.PathLike | str, prefix: str) -> dict[str, np.ndarray]:

@@ -4,15 +4,19 @@ logits, the SGLang config fields, errors that name tensors, MTP tensors, and the
 import json
 import logging
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
 import torch
 import transformers
+from flax import nnx
 from safetensors import safe_open
 
+from hat_jax.sharding import MeshConfig, make_mesh, state_shardings
 from serve import HFCheckpointError, load_hf, read_hf_tensors, save_hf
+from serve.convert import abstract_model
 from serve.convert import main as convert_main
 from tests.models.qwen_fixtures import build, qwen3_5_config, qwen3_moe_config, save
 
@@ -94,6 +98,18 @@ def test_default_export_loads_in_transformers_with_the_same_logits(name, sources
         assert written["num_experts"] == 8 and "model.layers.0.mlp.experts.7.up_proj.weight" in (
             _tensors(out)
         )
+
+
+def test_load_straight_into_a_sharded_layout(sources):
+    _, src = sources["qwen3_5_fused"]
+    config, plain = load_hf(src, dtype="float32")
+    mesh = make_mesh(MeshConfig(fsdp=2, expert=2, tensor=2))
+    shardings = state_shardings(nnx.state(abstract_model(config), nnx.Param), mesh)
+    _, sharded = load_hf(src, dtype="float32", shardings=shardings)
+    experts = sharded.blocks.layers[0].moe.gate_up_proj.get_value()
+    assert experts.sharding.spec[1] == "expert" and len(experts.sharding.device_set) == 8
+    for a, b in zip(jax.tree.leaves(nnx.state(sharded)), jax.tree.leaves(nnx.state(plain))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_bfloat16_export_matches_torch_rounding(sources, tmp_path):
