@@ -26,8 +26,7 @@ LAYOUTS = {
     "fsdp8": (dict(fsdp=8), 8, 1),
     "fsdp2_tensor4": (dict(fsdp=2, tensor=4), 8, 1),
     "expert4_fsdp2": (dict(fsdp=2, expert=4), 8, 1),
-    "micro4_fsdp2_expert2_tensor2": (dict(fsdp=2, expert=2, tensor=2), 8, 4),
-}
+}  # micro-batch accumulation runs the same code as in test_step.py (toy model, 8 devices)
 
 
 def _keep_gradient():

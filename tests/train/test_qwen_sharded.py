@@ -1,6 +1,6 @@
 """The acceptance check on the real model: one SFT step of the tiny Qwen gives the same loss
-and gradients on 1 device and on 8 devices laid out 8x1, 2x4 and with experts sharded, and
-4 micro-batches give the gradient of the whole batch (see `qwen_mesh_check.py`)."""
+and gradients on 1 device and on 8 devices laid out 8x1, 2x4 and with experts sharded
+(see `qwen_mesh_check.py`)."""
 
 import os
 import pathlib
