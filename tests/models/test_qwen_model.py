@@ -53,7 +53,10 @@ def test_same_seed_same_weights_and_tied_embeddings():
     np.testing.assert_allclose(out.logits, out.hidden @ tied.embed[...].T, rtol=1e-5, atol=1e-5)
 
 
-def test_sharded_construction_on_a_mesh_matches_one_device():
+def test_sharded_construction_on_a_mesh():
+    """Built directly in the layout the rules give its logical names; the values equal an
+    unsharded build. (Sharded forward and backward passes are checked against one device by
+    tests/train/test_qwen_sharded.py, in a subprocess with XLA's classic CPU runtime.)"""
     mesh = make_mesh(MeshConfig(data=1, fsdp=2, expert=2, tensor=2))
     sharded = init_sharded(lambda: Qwen(TINY, rngs=nnx.Rngs(0)), mesh)
     state = nnx.state(sharded, nnx.Param)
@@ -63,11 +66,9 @@ def test_sharded_construction_on_a_mesh_matches_one_device():
         assert value.sharding.is_equivalent_to(want.get_value(), value.ndim), path
     experts = sharded.blocks.layers[0].moe.gate_up_proj.get_value()
     assert experts.sharding.spec[1] == "expert"  # [layers, expert, embed, 2, mlp]
-    single = Qwen(TINY, rngs=nnx.Rngs(0))
-    ids = _ids()
-    with jax.set_mesh(mesh):
-        out = forward(sharded, ids)
-    np.testing.assert_allclose(out.logits, forward(single, ids).logits, rtol=2e-5, atol=2e-5)
+    single = nnx.state(Qwen(TINY, rngs=nnx.Rngs(0)), nnx.Param)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(single)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
 
 
 @functools.partial(jax.jit, static_argnums=0)
