@@ -106,15 +106,35 @@ def initialize(module: nnx.Module, key: jax.Array) -> None:
         var.set_value(value)
 
 
+# Above this many parameters, draw each parameter from its own key (below: one flat draw).
+_FLAT_DRAW_LIMIT = 1 << 27
+
+
+def _transform(init: tuple, z: jax.Array) -> jax.Array:
+    if init[0] == "normal":
+        return z * init[1]
+    return jnp.log(init[1] + (init[2] - init[1]) * z)
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _draw(key: jax.Array, specs: tuple) -> list[jax.Array]:
-    """One flat normal and one flat uniform draw, split into the parameters' shapes.
+    """Random values for parameters described by static `specs` (init, shape, dtype).
 
-    Jitted on the static `specs` (init, shape, dtype per parameter), so building the same
-    model structure again reuses the compiled draw.
+    Small models: one flat normal and one flat uniform draw split into the shapes, which XLA
+    compiles in well under a second (one draw per parameter takes it tens of seconds on CPU).
+    Large models: one draw per parameter from `fold_in(key, i)`, so that under a sharded
+    `jax.jit` each device generates only its own shards. Jitted on `specs`, so building the
+    same structure again reuses the compiled draw.
     """
-    k_normal, k_uniform = jax.random.split(key)
     sizes = [int(np.prod(shape)) for _, shape, _ in specs]
+    if sum(sizes) > _FLAT_DRAW_LIMIT:
+        out = []
+        for i, (init, shape, dtype) in enumerate(specs):
+            k = jax.random.fold_in(key, i)
+            z = (jax.random.normal if init[0] == "normal" else jax.random.uniform)(k, shape)
+            out.append(_transform(init, z).astype(dtype))
+        return out
+    k_normal, k_uniform = jax.random.split(key)
     normal_total = sum(n for n, (init, _, _) in zip(sizes, specs) if init[0] == "normal")
     flat = {
         "normal": jax.random.normal(k_normal, (normal_total,), jnp.float32),
@@ -123,14 +143,9 @@ def _draw(key: jax.Array, specs: tuple) -> list[jax.Array]:
     offsets = {"normal": 0, "log_uniform": 0}
     out = []
     for (init, shape, dtype), size in zip(specs, sizes):
-        kind = init[0]
-        z = flat[kind][offsets[kind] : offsets[kind] + size]
-        offsets[kind] += size
-        if kind == "normal":
-            value = z * init[1]
-        else:
-            value = jnp.log(init[1] + (init[2] - init[1]) * z)
-        out.append(value.reshape(shape).astype(dtype))
+        z = flat[init[0]][offsets[init[0]] : offsets[init[0]] + size]
+        offsets[init[0]] += size
+        out.append(_transform(init, z).reshape(shape).astype(dtype))
     return out
 
 
