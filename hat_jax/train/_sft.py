@@ -199,6 +199,7 @@ def run_sft(
     )
     if restored is not None:
         trainer.metrics.rewind(restored.step)
+        trainer.last_saved = restored.step  # already on disk: resuming a finished run saves nothing
     try:
         trainer.run()
     finally:

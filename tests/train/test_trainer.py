@@ -107,6 +107,14 @@ def test_a_run_leaves_metrics_plots_and_checkpoints(uninterrupted):
     assert losses[STEPS] < losses[1], "training should reduce the loss on learnable data"
 
 
+def test_rerunning_a_finished_run_changes_nothing(tmp_path):
+    first = run_sft(_config(total_steps=3), model_fn=_model_fn, data=_source(), run_dir=tmp_path)
+    again = run_sft(_config(total_steps=3), model_fn=_model_fn, data=_source(), run_dir=tmp_path)
+    assert (again.resumed_from, again.step, again.checkpoint_dir) == (3, 3, first.checkpoint_dir)
+    assert CheckpointManager(tmp_path / "checkpoints").steps() == [3]
+    assert sorted(_losses(tmp_path)) == [1, 2, 3]
+
+
 @pytest.mark.parametrize("kill_at", [7, 9])
 def test_kill_and_resume_reproduces_the_uninterrupted_losses(uninterrupted, tmp_path, kill_at):
     straight_dir, _ = uninterrupted
