@@ -37,7 +37,7 @@ from hat_jax.harness._manifest import (
     reconcile,
     write_manifest,
 )
-from hat_jax.harness._marketing import marketing_server, marketing_server_params
+from hat_jax.harness._marketing import MarketingService, marketing_server, marketing_server_params
 from hat_jax.harness._mcp import (
     DiscoveredTool,
     McpDiscoveryError,
@@ -128,6 +128,7 @@ __all__ = [
     "HookRunner",
     "HookSpec",
     "Limits",
+    "MarketingService",
     "McpDiscoveryError",
     "McpToolset",
     "Mismatch",

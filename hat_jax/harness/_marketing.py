@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import pathlib
 import sys
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from mcp import StdioServerParameters
@@ -23,6 +24,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
+from hat_jax.harness._errors import ToolError as HarnessToolError
 from hat_jax.harness._world import World, load_world
 
 _VIEWER = Annotated[
@@ -46,10 +48,17 @@ _LOTTERY = Annotated[
 ]
 
 
-class _Ledger:
-    """Mutable marketing state of one server process."""
+class MarketingService:
+    """The campaign logic of the marketing service over one ledger (coupons issued per viewer,
+    campaign stock, gifts claimed).
+
+    The MCP server keeps one for the lifetime of its process; the simulator's sandbox makes a
+    fresh one per episode so every episode starts from the same state. Failures raise the
+    Harness's `ToolError`, whose message goes back to the policy.
+    """
 
     def __init__(self, world: World):
+        self.world = world
         self.remaining = {
             c["campaign_id"]: c["remaining"] for c in world.marketing["coupon_campaigns"]
         }
@@ -57,80 +66,103 @@ class _Ledger:
         self.gifts_left = world.marketing["follow_gift"]["remaining"]
         self.gift_claimed: set[str] = set()
 
+    def executors(self) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
+        """Canonical tool name -> executor taking the call's arguments."""
+        return {
+            "issue_coupon": lambda a: self.issue_coupon(a["viewer_id"], a.get("product_id")),
+            "get_lottery_status": lambda a: self.lottery_status(a.get("lottery_id")),
+            "claim_follow_gift": lambda a: self.claim_follow_gift(a["viewer_id"]),
+        }
 
-def _viewer(world: World, viewer_id: str):
-    viewer = world.viewers.get(viewer_id)
-    if viewer is None:
-        raise ToolError("this viewer is not logged in, so no coupon or gift can be issued")
-    return viewer
+    def _viewer(self, viewer_id: str) -> Mapping[str, Any]:
+        viewer = self.world.viewers.get(viewer_id)
+        if viewer is None:
+            raise HarnessToolError(
+                "this viewer is not logged in, so no coupon or gift can be issued"
+            )
+        return viewer
 
-
-def _issue_coupon(
-    world: World, ledger: _Ledger, viewer_id: str, product_id: str | None
-) -> dict[str, Any]:
-    viewer = _viewer(world, viewer_id)
-    product = world.products.get(product_id) if product_id else None
-    if product_id and product is None:
-        raise ToolError(f"no product with id {product_id!r}")
-    price = world.price_info(product_id)["current_price"] if product else None
-    reasons, eligible = [], []
-    for c in world.marketing["coupon_campaigns"]:
-        scope = c["scope"]
-        if c["campaign_id"] not in world.room["active_campaigns"] or not world.campaign_active(c):
-            continue
-        if scope["type"] == "category" and (
-            product is None or product["category"] != scope["category"]
-        ):
-            continue
-        if c["followers_only"] and not viewer["follower"]:
-            reasons.append(f"{c['title']} is for followers only")
-        elif ledger.remaining[c["campaign_id"]] <= 0:
-            reasons.append(f"{c['title']} is fully claimed")
-        elif ledger.issued[(viewer_id, c["campaign_id"])] >= c["per_viewer_limit"]:
-            reasons.append(f"you already have the {c['title']} coupon")
-        else:
-            usable_alone = price is not None and price >= c["min_spend"]
-            eligible.append((not usable_alone, -c["discount"], c["campaign_id"], c))
-    if not eligible:
-        raise ToolError(
-            "no coupon available: " + ("; ".join(reasons) or "no active campaign applies")
+    def issue_coupon(self, viewer_id: str, product_id: str | None = None) -> dict[str, Any]:
+        """Issues the best campaign coupon the viewer is eligible for (the caller never picks
+        the amount): usable on the product alone first, then the largest discount."""
+        world, viewer = self.world, self._viewer(viewer_id)
+        product = world.products.get(product_id) if product_id else None
+        if product_id and product is None:
+            raise HarnessToolError(f"no product with id {product_id!r}")
+        price = world.price_info(product_id)["current_price"] if product else None
+        reasons, eligible = [], []
+        for c in world.marketing["coupon_campaigns"]:
+            scope = c["scope"]
+            if c["campaign_id"] not in world.room["active_campaigns"] or not world.campaign_active(
+                c
+            ):
+                continue
+            if scope["type"] == "category" and (
+                product is None or product["category"] != scope["category"]
+            ):
+                continue
+            if c["followers_only"] and not viewer["follower"]:
+                reasons.append(f"{c['title']} is for followers only")
+            elif self.remaining[c["campaign_id"]] <= 0:
+                reasons.append(f"{c['title']} is fully claimed")
+            elif self.issued[(viewer_id, c["campaign_id"])] >= c["per_viewer_limit"]:
+                reasons.append(f"you already have the {c['title']} coupon")
+            else:
+                usable_alone = price is not None and price >= c["min_spend"]
+                eligible.append((not usable_alone, -c["discount"], c["campaign_id"], c))
+        if not eligible:
+            raise HarnessToolError(
+                "no coupon available: " + ("; ".join(reasons) or "no active campaign applies")
+            )
+        c = min(eligible, key=lambda e: e[:3])[3]
+        self.remaining[c["campaign_id"]] -= 1
+        self.issued[(viewer_id, c["campaign_id"])] += 1
+        scope = (
+            "all products" if c["scope"]["type"] == "all" else f"{c['scope']['category']} products"
         )
-    c = min(eligible, key=lambda e: e[:3])[3]
-    ledger.remaining[c["campaign_id"]] -= 1
-    ledger.issued[(viewer_id, c["campaign_id"])] += 1
-    scope = "all products" if c["scope"]["type"] == "all" else f"{c['scope']['category']} products"
-    return {
-        "issued": True,
-        "coupon_code": f"{c['campaign_id']}-{viewer_id.upper()}",
-        "campaign_id": c["campaign_id"],
-        "title": c["title"],
-        "discount": c["discount"],
-        "min_spend": c["min_spend"],
-        "applies_to": scope,
-        "valid_until": c["end"],
-    }
+        return {
+            "issued": True,
+            "coupon_code": f"{c['campaign_id']}-{viewer_id.upper()}",
+            "campaign_id": c["campaign_id"],
+            "title": c["title"],
+            "discount": c["discount"],
+            "min_spend": c["min_spend"],
+            "applies_to": scope,
+            "valid_until": c["end"],
+        }
+
+    def lottery_status(self, lottery_id: str | None = None) -> dict[str, Any]:
+        """The room's lottery (or `lottery_id`): prize, draw time, entry, winners once drawn."""
+        return self.world.lottery(lottery_id)
+
+    def claim_follow_gift(self, viewer_id: str) -> dict[str, Any]:
+        """Grants the follower gift once per following viewer while gifts last."""
+        viewer, gift = self._viewer(viewer_id), self.world.marketing["follow_gift"]
+        if not viewer["follower"]:
+            raise HarnessToolError(
+                "the follower gift is for followers of the live room; the viewer does not follow yet"
+            )
+        if viewer_id in self.gift_claimed:
+            raise HarnessToolError("the follower gift was already claimed by this viewer")
+        if self.gifts_left <= 0:
+            raise HarnessToolError("all follower gifts have been claimed")
+        self.gifts_left -= 1
+        self.gift_claimed.add(viewer_id)
+        return {"granted": True, "gift": gift["gift"], "delivery": gift["delivery"]}
 
 
-def _claim_gift(world: World, ledger: _Ledger, viewer_id: str) -> dict[str, Any]:
-    viewer = _viewer(world, viewer_id)
-    gift = world.marketing["follow_gift"]
-    if not viewer["follower"]:
-        raise ToolError(
-            "the follower gift is for followers of the live room; the viewer does not follow yet"
-        )
-    if viewer_id in ledger.gift_claimed:
-        raise ToolError("the follower gift was already claimed by this viewer")
-    if ledger.gifts_left <= 0:
-        raise ToolError("all follower gifts have been claimed")
-    ledger.gifts_left -= 1
-    ledger.gift_claimed.add(viewer_id)
-    return {"granted": True, "gift": gift["gift"], "delivery": gift["delivery"]}
+def _served(fn: Callable[..., dict[str, Any]], *args) -> dict[str, Any]:
+    """Runs a service call, turning the Harness's tool errors into MCP tool errors."""
+    try:
+        return fn(*args)
+    except HarnessToolError as err:
+        raise ToolError(str(err)) from err
 
 
 def marketing_server(world: World | str | pathlib.Path) -> MCPServer:
     """Builds the marketing MCP server over `world` (a `World` or a world folder)."""
     world = world if isinstance(world, World) else load_world(world)
-    ledger = _Ledger(world)
+    service = MarketingService(world)
     server = MCPServer(
         "livestream-marketing",
         version="1.0.0",
@@ -142,20 +174,17 @@ def marketing_server(world: World | str | pathlib.Path) -> MCPServer:
     def issue_coupon(viewer_id: _VIEWER, product_id: _PRODUCT = None) -> dict[str, Any]:
         """Issue the best live-room coupon the viewer is eligible for, optionally for a product.
         The coupon value is set by the active campaigns, not by the caller."""
-        return _issue_coupon(world, ledger, viewer_id, product_id)
+        return _served(service.issue_coupon, viewer_id, product_id)
 
     @server.tool(structured_output=True)
     def get_lottery_status(lottery_id: _LOTTERY = None) -> dict[str, Any]:
         """Get the live-room lottery: prize, draw time, how to enter, and winners once drawn."""
-        try:
-            return world.lottery(lottery_id)
-        except Exception as err:
-            raise ToolError(str(err)) from err
+        return _served(service.lottery_status, lottery_id)
 
     @server.tool(structured_output=True)
     def claim_follow_gift(viewer_id: _VIEWER) -> dict[str, Any]:
         """Claim the follower gift for a viewer who follows the live room (once per viewer)."""
-        return _claim_gift(world, ledger, viewer_id)
+        return _served(service.claim_follow_gift, viewer_id)
 
     return server
 

@@ -2,8 +2,8 @@
 
 Executors answer from the bundled world on canonical names, exactly as the production tools
 would: the built-in retrieval and commerce tools are the Harness's own (`builtin_toolbox`);
-the marketing tools replay the bundled MCP service's campaign logic against a ledger that lives
-for one episode, so every episode starts from the same state and is reproducible (the service
+the marketing tools run the bundled MCP service's campaign logic (`MarketingService`) against a
+ledger that lives for one episode, so every episode starts from the same state and is reproducible (the service
 itself keeps one ledger per process). Renamed tools never reach an executor: the agent loop
 resolves surface names through the `HarnessState` first.
 
@@ -15,7 +15,6 @@ must catch: NaN, nesting too deep, non-JSON data) and permission denials. With
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import random
@@ -76,91 +75,6 @@ class InjectedFault:
     detail: str = ""
 
 
-class _Marketing:
-    """The marketing service's campaign logic over a per-episode ledger."""
-
-    def __init__(self, world: hx.World):
-        self.world = world
-        self.remaining = {
-            c["campaign_id"]: c["remaining"] for c in world.marketing["coupon_campaigns"]
-        }
-        self.issued: collections.Counter = collections.Counter()
-        self.gifts_left = world.marketing["follow_gift"]["remaining"]
-        self.gift_claimed: set[str] = set()
-
-    def _viewer(self, viewer_id: str) -> Mapping[str, Any]:
-        viewer = self.world.viewers.get(viewer_id)
-        if viewer is None:
-            raise hx.ToolError("this viewer is not logged in, so no coupon or gift can be issued")
-        return viewer
-
-    def issue_coupon(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        world, viewer_id, pid = self.world, args["viewer_id"], args.get("product_id")
-        viewer = self._viewer(viewer_id)
-        product = world.products.get(pid) if pid else None
-        if pid and product is None:
-            raise hx.ToolError(f"no product with id {pid!r}")
-        price = world.price_info(pid)["current_price"] if product else None
-        reasons, eligible = [], []
-        for c in world.marketing["coupon_campaigns"]:
-            scope = c["scope"]
-            if c["campaign_id"] not in world.room["active_campaigns"] or not world.campaign_active(
-                c
-            ):
-                continue
-            if scope["type"] == "category" and (
-                product is None or product["category"] != scope["category"]
-            ):
-                continue
-            if c["followers_only"] and not viewer["follower"]:
-                reasons.append(f"{c['title']} is for followers only")
-            elif self.remaining[c["campaign_id"]] <= 0:
-                reasons.append(f"{c['title']} is fully claimed")
-            elif self.issued[(viewer_id, c["campaign_id"])] >= c["per_viewer_limit"]:
-                reasons.append(f"you already have the {c['title']} coupon")
-            else:
-                usable_alone = price is not None and price >= c["min_spend"]
-                eligible.append((not usable_alone, -c["discount"], c["campaign_id"], c))
-        if not eligible:
-            raise hx.ToolError(
-                "no coupon available: " + ("; ".join(reasons) or "no active campaign applies")
-            )
-        c = min(eligible, key=lambda e: e[:3])[3]
-        self.remaining[c["campaign_id"]] -= 1
-        self.issued[(viewer_id, c["campaign_id"])] += 1
-        scope = (
-            "all products" if c["scope"]["type"] == "all" else f"{c['scope']['category']} products"
-        )
-        return {
-            "issued": True,
-            "coupon_code": f"{c['campaign_id']}-{viewer_id.upper()}",
-            "campaign_id": c["campaign_id"],
-            "title": c["title"],
-            "discount": c["discount"],
-            "min_spend": c["min_spend"],
-            "applies_to": scope,
-            "valid_until": c["end"],
-        }
-
-    def lottery(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        return self.world.lottery(args.get("lottery_id"))
-
-    def claim_follow_gift(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        viewer_id = args["viewer_id"]
-        viewer, gift = self._viewer(viewer_id), self.world.marketing["follow_gift"]
-        if not viewer["follower"]:
-            raise hx.ToolError(
-                "the follower gift is for followers of the live room; the viewer does not follow yet"
-            )
-        if viewer_id in self.gift_claimed:
-            raise hx.ToolError("the follower gift was already claimed by this viewer")
-        if self.gifts_left <= 0:
-            raise hx.ToolError("all follower gifts have been claimed")
-        self.gifts_left -= 1
-        self.gift_claimed.add(viewer_id)
-        return {"granted": True, "gift": gift["gift"], "delivery": gift["delivery"]}
-
-
 class _Nested:
     """Marker for a malformed result that is not JSON data at all."""
 
@@ -195,13 +109,8 @@ class Sandbox:
         self.injected: list[InjectedFault] = []
         self._calls = 0
         self._failed: set[str] = set()
-        market = _Marketing(world)
         base: dict[str, Callable[[dict[str, Any]], Any]] = dict(hx.builtin_toolbox(world))
-        base.update(
-            issue_coupon=market.issue_coupon,
-            get_lottery_status=market.lottery,
-            claim_follow_gift=market.claim_follow_gift,
-        )
+        base.update(hx.MarketingService(world).executors())  # a fresh ledger per episode
         # In-memory lookups run on the loop's own thread; real timeouts must run on a worker
         # so the loop's per-call deadline can cut them off.
         inline = () if self.faults.real_timeouts else tuple(base)
