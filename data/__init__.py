@@ -10,7 +10,7 @@ Public API:
     Records to token rows (`data._examples`):
         RenderOptions, Prepared, prepare, decode_record, TRUNCATION_POLICIES
     Corpus records and files (`data._records`):
-        CORPUS_SCHEMA, corpus_record, state_info, CorpusWriter, write_json, write_text
+        CORPUS_SCHEMA, corpus_record, state_info, CorpusWriter, write_json
     The teacher corpus (`data._corpus`; CLI `python -m launch.make_corpus`):
         CorpusConfig, TeacherConfig, STATE_MODES, write_corpus, generate_corpus,
         corpus_scenario_ids, CorpusStats, CorpusOutcome
@@ -49,7 +49,7 @@ from data._instructions import (
 )
 from data._iterator import DataIterator
 from data._records import SCHEMA as CORPUS_SCHEMA
-from data._records import CorpusWriter, corpus_record, state_info, write_json, write_text
+from data._records import CorpusWriter, corpus_record, state_info, write_json
 from data._rerender import RerenderError, loaded_skills, pin_constraints, rerender
 from data._sources import JsonlSource, open_source
 from data.pipeline import (
@@ -66,7 +66,6 @@ from data.pipeline import (
 
 __all__ = [
     "HsaAugmenter",
-    "write_text",
     "corpus_scenario_ids",
     "generate_corpus",
     "CorpusOutcome",

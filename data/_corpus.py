@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from data._convert import ConversionError, has_retries, malformed_turns
-from data._records import SCHEMA, CorpusWriter, corpus_record, state_info, write_json, write_text
+from data._records import SCHEMA, CorpusWriter, corpus_record, state_info, write_json
 from hat_jax import harness as hx
+from hat_jax.files import write_text
 
 STATE_MODES = ("original+augmented", "original", "augmented")
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from data._convert import has_retries, malformed_turns, trajectory_conversation
+from hat_jax import files
 from hat_jax import harness as hx
 
 SCHEMA = "hat_jax.corpus/1"
@@ -198,26 +199,6 @@ class CorpusWriter:
         self.close(commit=exc_type is None)
 
 
-def write_text(path: os.PathLike | str, text: str) -> pathlib.Path:
-    """Writes text atomically (temp file + `os.replace`)."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
 def write_json(path: os.PathLike | str, data: Any) -> pathlib.Path:
-    """Writes JSON atomically (temp file + `os.replace`)."""
-    text = json.dumps(data, ensure_ascii=False, indent=2, default=_json_default) + "\n"
-    return write_text(path, text)
+    """Writes JSON atomically; frozen mappings and tuples are written as objects and lists."""
+    return files.write_json(path, data, default=_json_default)

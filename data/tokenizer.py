@@ -32,7 +32,6 @@ import json
 import os
 import pathlib
 import re
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,7 +47,7 @@ from tokenizers import (
     trainers,
 )
 
-from hat_jax import chat_format
+from hat_jax import chat_format, files
 
 DEFAULT_DIR = pathlib.Path(__file__).with_name("tokenizer")
 DEFAULT_WORLD = pathlib.Path(__file__).with_name("livestream")
@@ -219,8 +218,8 @@ def save_tokenizer(
     """Writes the Hugging Face tokenizer directory, each file atomically."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / "tokenizer.json", tokenizer.to_str(pretty=True) + "\n")
-    _write_atomic(out / "tokenizer_config.json", _dump(_tokenizer_config(tokenizer, config)))
+    files.write_text(out / "tokenizer.json", tokenizer.to_str(pretty=True) + "\n")
+    files.write_text(out / "tokenizer_config.json", _dump(_tokenizer_config(tokenizer, config)))
     info = {
         "requested_vocab_size": config.vocab_size,
         "min_frequency": config.min_frequency,
@@ -230,7 +229,7 @@ def save_tokenizer(
         "corpus_sha256": _corpus_digest(config),
         "tokenizers_version": tokenizers.__version__,
     }
-    _write_atomic(out / "build_info.json", _dump(info))
+    files.write_text(out / "build_info.json", _dump(info))
 
 
 def corpus(config: TokenizerConfig) -> Iterator[str]:
@@ -288,18 +287,6 @@ def _tokenizer_config(tokenizer: tokenizers.Tokenizer, config: TokenizerConfig) 
 
 def _dump(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
-
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 _SAMPLE_TOOLS = [

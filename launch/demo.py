@@ -17,13 +17,14 @@ pipeline is resumable: a rerun reuses a finished corpus and resumes SFT from its
 """
 
 import json
-import os
 import pathlib
 import platform
 import shutil
 import time
 
 from absl import app, flags
+
+from hat_jax import files
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Where the demo writes its outputs.")
 _STEPS = flags.DEFINE_integer("steps", None, "SFT steps (default: configs/sft_demo.py's).")
@@ -77,7 +78,7 @@ def _sft(workdir: pathlib.Path) -> list[str]:
     result = sft.run(config, run_dir=str(workdir / "sft"))
     if result.checkpoint_dir is None:
         raise RuntimeError("SFT finished without a checkpoint")
-    (workdir / "sft" / "LATEST").write_text(str(result.checkpoint_dir))
+    files.write_text(workdir / "sft" / "LATEST", str(result.checkpoint_dir))
     records = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     train = [r for r in records if "loss" in r]
     curve = f"training loss {train[0]['loss']:.3f} (step {train[0]['step']}) -> "
@@ -137,12 +138,6 @@ STAGES = [
 ]
 
 
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv):
     del argv
     workdir = pathlib.Path(_WORKDIR.value)
@@ -156,7 +151,7 @@ def main(argv):
         lines = stage(workdir)
         seconds = time.perf_counter() - start
         report += [f"## {name} ({seconds:.1f} s)", "", *[f"- {line}" for line in lines], ""]
-        _write_atomic(workdir / "report.md", "\n".join(report))
+        files.write_text(workdir / "report.md", "\n".join(report))
         for line in lines:
             print(f"[demo]   {line}", flush=True)
         print(f"[demo] stage {name} done in {seconds:.1f} s", flush=True)

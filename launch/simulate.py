@@ -19,6 +19,7 @@ import pathlib
 
 from absl import app, flags
 
+from hat_jax import files
 from hat_jax import harness as hx
 from rl import sim
 
@@ -99,10 +100,10 @@ def main(argv):
         for family, rows in sorted(by_family.items())
     }
     hx.write_trajectories(out / "trajectories.jsonl", trajectories)
-    _write(
+    files.write_text(
         out / "episodes.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     )
-    _write(out / "summary.json", json.dumps(summary, indent=1))
+    files.write_text(out / "summary.json", json.dumps(summary, indent=1))
     print(f"{'family':20s} {'n':>4s} " + " ".join(f"{d[:10]:>10s}" for d in _DIMS4))
     for family, row in summary.items():
         values = " ".join(f"{row[d]:10.3f}" for d in _DIMS4)
@@ -111,13 +112,6 @@ def main(argv):
 
 
 _DIMS4 = ("accuracy", "effectiveness", "tool_rationality", "skill_selection")
-
-
-def _write(path: pathlib.Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from hat_jax import files
+
 PARAMS_ITEM = "params"
 MODEL_CONFIG_FILE = "model_config.json"
 # Inside a CheckpointManager step the model config is a JSON item of that name.
@@ -53,10 +55,7 @@ def _sync(name: str) -> None:
 
 def write_json_atomic(path: os.PathLike | str, obj: Any) -> None:
     """Writes `obj` as JSON to `path` through a temporary file and `os.replace`."""
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    files.write_json(path, obj, sort_keys=True)
 
 
 def to_pure_tree(state: Any) -> Any:

@@ -12,9 +12,9 @@ import dataclasses
 import json
 import os
 import pathlib
-import tempfile
 from typing import Any
 
+from hat_jax import files
 from hat_jax.harness._spec import Harness, ModuleEntry
 
 MANIFEST_FORMAT = 1
@@ -68,14 +68,7 @@ def manifest_dict(harness: Harness) -> dict[str, Any]:
 
 def write_manifest(harness: Harness, path: str | os.PathLike) -> pathlib.Path:
     """Writes the manifest of `harness` to `path` atomically."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(manifest_dict(harness), f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    return files.write_json(path, manifest_dict(harness))
 
 
 def read_manifest(path: str | os.PathLike) -> tuple[ModuleEntry, ...]:

@@ -12,9 +12,10 @@ import dataclasses
 import json
 import os
 import pathlib
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from hat_jax import files
 
 SCHEMA_VERSION = 1
 
@@ -154,38 +155,10 @@ def write_trajectories(
     With `append=True` the existing lines are kept and the new ones added after them; the file
     is still replaced in one step, so readers never see a partial line.
     """
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # Lone surrogates (possible in raw viewer text) are written as JSON escapes, which read
-        # back to the same string.
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
-            if append and path.exists():
-                with open(path, encoding="utf-8") as old:
-                    for line in old:
-                        f.write(line if line.endswith("\n") else line + "\n")
-            for t in trajectories:
-                f.write(t.to_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    # Lone surrogates (possible in raw viewer text) are written as escapes by `write_jsonl`.
+    return files.write_jsonl(path, (t.to_json() for t in trajectories), append=append)
 
 
 def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
     """Reads a JSONL file written by `write_trajectories` (errors name the line)."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(Trajectory.from_dict(json.loads(line)))
-            except (ValueError, TypeError, KeyError) as err:
-                raise ValueError(f"{path}:{n}: not a trajectory: {err}") from err
-    return out
+    return files.read_jsonl(path, Trajectory.from_dict, what="trajectory")

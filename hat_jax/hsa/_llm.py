@@ -18,12 +18,12 @@ import os
 import pathlib
 import random
 import re
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
+from hat_jax import files
 from hat_jax.hsa._bank import SKILL_NAME, TOOL_NAME, markers, normalize
 from hat_jax.hsa._rewrite import NAME_KINDS, TEXT_KINDS, BankRewriter, Rewriter
 
@@ -143,7 +143,7 @@ class LLMRewriter:
             return json.loads(path.read_text(encoding="utf-8"))["answer"]
         answer = compute()
         if answer is not None:  # a failed request is retried next time, not cached
-            _write_json(path, {"model": self.model, **key, "answer": answer})
+            files.write_json(path, {"model": self.model, **key, "answer": answer}, indent=None)
         return answer
 
     def _complete(self, system: str, user: str, variant: int) -> str | None:
@@ -174,16 +174,3 @@ def _acceptable(answer: str, source: str) -> bool:
         return False
     ratio = len(answer) / max(1, len(normalize(source)))
     return 0.4 <= ratio <= 2.5 and normalize(answer) != normalize(source)
-
-
-def _write_json(path: pathlib.Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

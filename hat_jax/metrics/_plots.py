@@ -14,6 +14,7 @@ import pathlib
 import re
 from collections import defaultdict
 
+from hat_jax import files
 from hat_jax.metrics._writer import read_metrics
 
 PLOTS_DIR = "plots"
@@ -42,9 +43,8 @@ def _figure(width: float, height: float, columns: int = 1):
 
 
 def _save(fig, path: pathlib.Path) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+    with files.atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
 
 
 def _draw(ax, series, name: str) -> None:

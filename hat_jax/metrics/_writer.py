@@ -18,6 +18,8 @@ from collections.abc import Mapping
 
 import jax
 
+from hat_jax import files
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -89,9 +91,7 @@ class MetricsWriter:
             return
         self.close()
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.path)
+        files.write_jsonl(self.path, (json.dumps(r) for r in kept))
         self._open(purge_step=step + 1)
 
     def flush(self) -> None:

@@ -21,13 +21,13 @@ import os
 import pathlib
 import re
 import statistics
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
 import jinja2
 
+from hat_jax import files
 from hat_jax import harness as hx
 from rl.rewards._rules import RewardVector
 from rl.sim import Scenario
@@ -196,7 +196,7 @@ class JudgePanel:
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             return None
         if path is not None:
-            _write_json(path, {"judge": judge.label, "answer": answer})
+            files.write_json(path, {"judge": judge.label, "answer": answer}, indent=1)
         return answer
 
 
@@ -250,7 +250,7 @@ def agreement_report(items: Iterable[tuple[PanelVerdict, RewardVector]]) -> dict
 def write_report(path: str | os.PathLike, report: Mapping[str, Any]) -> pathlib.Path:
     """Writes the report as JSON and a Markdown summary beside it (`.md`), atomically."""
     path = pathlib.Path(path)
-    _write_json(path, report)
+    files.write_json(path, report, indent=1)
     lines = [f"# Judge panel vs rule labels ({report['episodes']} episodes)", ""]
     lines += ["| dimension | n | agreement | kappa |", "|---|---|---|---|"]
     for dim in ("accuracy", "effectiveness"):
@@ -259,22 +259,5 @@ def write_report(path: str | os.PathLike, report: Mapping[str, Any]) -> pathlib.
         kappa = "-" if d["kappa"] is None else f"{d['kappa']:.3f}"
         lines.append(f"| {dim} | {d['n']} | {agree} | {kappa} |")
     lines += ["", f"Abstentions (invalid or missing answers): {report['abstentions']}", ""]
-    _write_text(path.with_suffix(".md"), "\n".join(lines))
+    files.write_text(path.with_suffix(".md"), "\n".join(lines))
     return path
-
-
-def _write_text(path: pathlib.Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _write_json(path: pathlib.Path, data: Any) -> None:
-    _write_text(path, json.dumps(data, ensure_ascii=False, indent=1))

@@ -20,12 +20,11 @@ import json
 import os
 import pathlib
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from hat_jax import files, hsa
 from hat_jax import harness as hx
-from hat_jax import hsa
 
 FAMILIES = (
     "product_inquiry",
@@ -379,30 +378,10 @@ class ScenarioSet(Sequence[Scenario]):
 
 def write_scenarios(path: str | os.PathLike, scenarios: Iterable[Scenario]) -> pathlib.Path:
     """Writes scenarios as JSONL, atomically."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for s in scenarios:
-                f.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    lines = (json.dumps(s.to_dict(), ensure_ascii=False) for s in scenarios)
+    return files.write_jsonl(path, lines)
 
 
 def read_scenarios(path: str | os.PathLike) -> ScenarioSet:
     """Reads a JSONL file of scenarios (errors name the line)."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(Scenario.from_dict(json.loads(line)))
-            except (ValueError, TypeError, KeyError) as err:
-                raise ValueError(f"{path}:{n}: not a scenario: {err}") from err
-    return ScenarioSet(out)
+    return ScenarioSet(files.read_jsonl(path, Scenario.from_dict, what="scenario"))

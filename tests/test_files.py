@@ -1,0 +1,57 @@
+"""Atomic writes: a failed write leaves the old file and no temporary behind."""
+
+import json
+import stat
+
+import pytest
+
+from hat_jax import files
+
+
+def test_write_json_replaces_and_is_readable_by_others(tmp_path):
+    path = tmp_path / "sub" / "report.json"
+    files.write_json(path, {"a": 1})
+    files.write_json(path, {"a": "价格"})
+    assert json.loads(path.read_text(encoding="utf-8")) == {"a": "价格"}
+    assert "价格" in path.read_text(encoding="utf-8")  # non-ASCII kept, not escaped
+    assert stat.S_IMODE(path.stat().st_mode) == files.FILE_MODE
+    assert [p.name for p in path.parent.iterdir()] == ["report.json"]
+
+
+def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "t.jsonl"
+    files.write_jsonl(path, ['{"n": 1}'])
+
+    def lines():
+        yield '{"n": 2}'
+        raise RuntimeError("killed mid-write")
+
+    with pytest.raises(RuntimeError, match="mid-write"):
+        files.write_jsonl(path, lines())
+    assert path.read_text() == '{"n": 1}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["t.jsonl"]
+
+
+def test_append_keeps_existing_lines_and_escapes_lone_surrogates(tmp_path):
+    path = tmp_path / "t.jsonl"
+    files.write_jsonl(path, ['{"n": 1}'])
+    files.write_jsonl(path, [json.dumps({"text": "x\ud800y"}, ensure_ascii=False)], append=True)
+    records = files.read_jsonl(path)
+    assert records[0] == {"n": 1} and records[1]["text"].startswith("x")
+
+
+def test_read_jsonl_names_the_bad_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"n": 1}\n\nnot json\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:3: not a widget"):
+        files.read_jsonl(path, what="widget")
+    with pytest.raises(ValueError, match=r":1: not a widget"):
+        files.read_jsonl(path, lambda d: d["missing"], what="widget")
+
+
+def test_binary_mode_and_bad_mode(tmp_path):
+    with files.atomic_open(tmp_path / "x.bin", "wb") as f:
+        f.write(b"\x00\x01")
+    assert (tmp_path / "x.bin").read_bytes() == b"\x00\x01"
+    with pytest.raises(ValueError, match="mode"), files.atomic_open(tmp_path / "y", "a"):
+        pass
