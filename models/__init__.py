@@ -9,7 +9,23 @@ Public API:
     Qwen            the decoder, an `nnx.Module`: `Qwen(config, rngs=nnx.Rngs(0))`;
                     `model(input_ids, *, positions=None, segment_ids=None, cache=None)`.
     QwenOutput      `.logits [B,T,V]`, `.hidden [B,T,H]` (after the final norm),
-                    `.aux_loss` (load-balancing loss, unscaled), `.cache` (None for now).
+                    `.aux_loss` (load-balancing loss, unscaled), `.cache` (cached calls).
+    Cache, init_cache
+                    decoding state (KV cache of attention layers, conv + recurrent state of
+                    DeltaNet layers): `model.init_cache(batch, max_length, rollback=0)`;
+                    `model(ids, segment_ids=..., cache=cache)` continues each row (left- or
+                    right-padded prompts); `cache.rewind(n)` takes back the newest tokens.
+                    `cache_logical_axes(cache)` names its axes for sharding rules.
+    MTPHead, MTPOutput
+                    the NextN draft head (SGLang's convention; shares the target's
+                    embedding and LM head): `head(hidden, next_input_ids, target, ...)`.
+    Sampler, Sampling, SampleOutput
+                    batched generation (greedy / temperature / top-k / top-p, stop tokens,
+                    per-row limits, bucketed shapes, optional self-speculative decoding with
+                    an MTPHead): `Sampler(model)(prompts, max_new_tokens=, sampling=)`.
+    Strategy, Standard, GREEDY, speculative_accept
+                    sampling strategies (logits -> sampling log-probs) and exact
+                    speculative acceptance.
     AXIS_NAMES      the logical axis names parameters carry (below).
     chunked_gated_delta_rule, recurrent_gated_delta_rule
                     the segment-aware delta rule (training form and per-step reference).
@@ -44,26 +60,41 @@ iteration), each repeat rematerialised per `config.remat`. MoE dispatch per back
 "sorted" on CPU, "ragged" (`jax.lax.ragged_dot`) on GPU/TPU, "dense" as the reference.
 Norms, softmaxes, routing and the delta rule compute in float32 whatever `config.dtype` is.
 Parameters are drawn by one jitted draw per model structure (cached), so building a model
-again is cheap; under `nnx.eval_shape` nothing is allocated. HF conversion lives in
-`serve.convert`; decoding (KV cache, conv/recurrent state), the MTP head and the sampler
-come next: the attention and DeltaNet cores already take explicit slots / initial states.
+again is cheap; under `nnx.eval_shape` nothing is allocated. HF conversion (the `mtp.*`
+tensors of the draft head included) lives in `serve.convert`.
 """
 
+from models._cache import Cache, cache_logical_axes, init_cache
 from models._config import PRESETS, QwenConfig
 from models._delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
 from models._model import Qwen, QwenOutput
 from models._moe import dense_experts, ragged_experts, sorted_experts
+from models._mtp import MTPHead, MTPOutput
 from models._params import AXIS_NAMES
+from models._sampler import SampleOutput, Sampler
+from models._sampling import GREEDY, Sampling, Standard, Strategy, speculative_accept
 
 __all__ = [
     "AXIS_NAMES",
+    "GREEDY",
     "PRESETS",
+    "Cache",
+    "MTPHead",
+    "MTPOutput",
     "Qwen",
     "QwenConfig",
     "QwenOutput",
+    "SampleOutput",
+    "Sampler",
+    "Sampling",
+    "Standard",
+    "Strategy",
+    "cache_logical_axes",
     "chunked_gated_delta_rule",
     "dense_experts",
     "ragged_experts",
+    "init_cache",
     "recurrent_gated_delta_rule",
     "sorted_experts",
+    "speculative_accept",
 ]

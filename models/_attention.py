@@ -4,8 +4,9 @@ Qwen3.5's `q_proj` emits, per head, head_dim query rows followed by head_dim gat
 the output is `o_proj(attn * sigmoid(gate))`. Qwen3-MoE has no gate. QK-norm is an RMSNorm
 over head_dim applied before RoPE. The mask is block-diagonal causal over segments.
 
-The score function takes key/value slots and their segment indices explicitly, so a KV
-cache (decode) only has to supply the cached keys, values, slots and segments.
+The score function takes key/value slots and their segment indices explicitly. With a KV
+cache (`models._cache`), a call writes its keys and values into the row's next slots and
+attends over every slot; the causal mask on slots hides the empty ones.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import _params as P
+from models._cache import AttentionCache, Fill
 from models._config import QwenConfig
 from models._norms import RMSNorm
 from models._positions import Segments, apply_rope
@@ -94,11 +96,15 @@ class Attention(nnx.Module):
         x: jax.Array,
         segments: Segments,
         rope: tuple[jax.Array, jax.Array],
-        cache=None,
-    ) -> tuple[jax.Array, None]:
-        """x [B, T, E] -> ([B, T, E], cache). `cache` must be None (decode is not built yet)."""
-        if cache is not None:
-            raise NotImplementedError("Attention: KV-cache decoding is not implemented yet")
+        cache: AttentionCache | None = None,
+        fill: Fill | None = None,
+    ) -> tuple[jax.Array, AttentionCache | None]:
+        """x [B, T, E] -> ([B, T, E], updated cache or None).
+
+        With `cache` (one layer's keys and values, [B, S, KV, D]) and `fill`, the call's
+        keys and values go to slots `fill.start + t` and the queries attend over all slots up
+        to their own; without, attention is block-diagonal causal over `segments`.
+        """
         c = self.config
         parts = self._project(x)
         if c.attn_output_gate:
@@ -107,9 +113,33 @@ class Attention(nnx.Module):
             (q, k, v), gate = parts, None
         q = apply_rope(self.q_norm(q), *rope)
         k = apply_rope(self.k_norm(k), *rope)
-        slots = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-        out = attend(q, k, v, q_slot=slots, k_slot=slots, q_doc=segments.doc, k_doc=segments.doc)
+        if cache is None:
+            slots = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+            out = attend(
+                q, k, v, q_slot=slots, k_slot=slots, q_doc=segments.doc, k_doc=segments.doc
+            )
+        else:
+            out, cache = _attend_cached(q, k, v, cache, fill)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
         y = jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(x.dtype))
-        return y, None
+        return y, cache
+
+
+def _attend_cached(q, k, v, cache: AttentionCache, fill: Fill):
+    """Writes k, v [B, T, KV, D] at slots `fill.start + t` and attends over the cache."""
+    batch, length = q.shape[:2]
+    slots = fill.start[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+    rows = jnp.arange(batch)[:, None]
+    # Out-of-range slots (trailing padding past the end of the cache) are dropped.
+    new_k = cache.k.at[rows, slots].set(k.astype(cache.k.dtype), mode="drop")
+    new_v = cache.v.at[rows, slots].set(v.astype(cache.v.dtype), mode="drop")
+    size = new_k.shape[1]
+    k_slot = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (batch, size))
+    zeros_q = jnp.zeros((batch, length), jnp.int32)
+    zeros_k = jnp.zeros((batch, size), jnp.int32)
+    out = attend(
+        q, new_k.astype(q.dtype), new_v.astype(q.dtype),
+        q_slot=slots, k_slot=k_slot, q_doc=zeros_q, k_doc=zeros_k,
+    )  # fmt: skip
+    return out, AttentionCache(k=new_k, v=new_v)

@@ -9,6 +9,11 @@
 Both the conv and the recurrent state restart at every segment start. The conv's weights
 are stored per q/k/v group ([kernel, heads, head_dim]) so heads can be sharded; the
 projections and convs are concatenated at run time into one matmul and one conv.
+
+With a cache (`models._cache.DeltaNetCache`) the conv reads the row's previous inputs and the
+delta rule continues the row's state: token by token (`delta_rule_steps`, keeping the state
+after every token for rollback) for calls of at most R tokens (decode, speculative
+verification), chunked for longer ones (prefill). Padding tokens leave the state unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import _params as P
+from models._cache import DeltaNetCache, Fill
 from models._config import QwenConfig
 from models._delta_rule import chunked_gated_delta_rule
 from models._norms import gated_rms_norm, l2_normalize
@@ -45,6 +51,42 @@ def causal_conv(x: jax.Array, weight: jax.Array, doc: jax.Array) -> jax.Array:
         same = (shifted_doc == doc)[..., None].astype(x.dtype)
         out = out + shifted * same * weight[kernel - 1 - s]
     return out
+
+
+def delta_rule_steps(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    state: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """The gated delta rule token by token from `state`, keeping the state after each token.
+
+    Args:
+        q, k: f32[B, T, H, Dk] (L2-normalised); v: f32[B, T, H, Dv]; g, beta: f32[B, T, H].
+        state: f32[B, H, Dk, Dv], the state before the first token.
+
+    Returns:
+        (o f32[B, T, H, Dv], states f32[B, T, H, Dk, Dv]: the state after token t).
+    """
+    q = q * (k.shape[-1] ** -0.5)
+
+    def step(s, inputs):
+        q_t, k_t, v_t, g_t, b_t = inputs
+        s = s * jnp.exp(g_t)[..., None, None]
+        delta = (v_t - jnp.einsum("bhkv,bhk->bhv", s, k_t)) * b_t[..., None]
+        s = s + k_t[..., :, None] * delta[..., None, :]
+        return s, (jnp.einsum("bhkv,bhk->bhv", s, q_t), s)
+
+    xs = [jnp.moveaxis(a, 1, 0) for a in (q, k, v, g, beta)]
+    _, (out, states) = jax.lax.scan(step, state, xs, unroll=True)
+    return jnp.moveaxis(out, 0, 1), jnp.moveaxis(states, 0, 1)
+
+
+def _take_window(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
+    """Per row b, x[b, start[b] : start[b] + size] (x: [B, L, ...])."""
+    return jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, size, axis=0))(x, start)
 
 
 class GatedDeltaNet(nnx.Module):
@@ -93,12 +135,16 @@ class GatedDeltaNet(nnx.Module):
         x: jax.Array,
         segments: Segments,
         rope=None,
-        cache=None,
-    ) -> tuple[jax.Array, None]:
-        """x [B, T, E] -> ([B, T, E], cache). `cache` must be None (decode is not built yet)."""
+        cache: DeltaNetCache | None = None,
+        fill: Fill | None = None,
+    ) -> tuple[jax.Array, DeltaNetCache | None]:
+        """x [B, T, E] -> ([B, T, E], updated cache or None).
+
+        Without a cache, conv and state restart at every segment of `segments`. With `cache`
+        (one layer's conv inputs and states) and `fill`, the call's valid tokens continue the
+        row (conv reads the cached inputs, the delta rule starts from the cached state).
+        """
         del rope  # DeltaNet has no positional encoding
-        if cache is not None:
-            raise NotImplementedError("GatedDeltaNet: cached decoding is not implemented yet")
         c = self.config
         batch, length, _ = x.shape
         kh, vh = c.linear_num_key_heads, c.linear_num_value_heads
@@ -108,7 +154,15 @@ class GatedDeltaNet(nnx.Module):
             [w[...].reshape(w.shape[0], -1) for w in (self.q_conv, self.k_conv, self.v_conv)],
             axis=1,
         ).astype(x.dtype)
-        qkv = P.silu(causal_conv(qkv, conv_w, segments.doc))
+        if cache is None:
+            qkv = causal_conv(qkv, conv_w, segments.doc)
+        else:
+            window = cache.conv.shape[1]
+            inputs = jnp.concatenate([cache.conv.astype(qkv.dtype), qkv], axis=1)
+            qkv = causal_conv(inputs, conv_w, jnp.zeros(inputs.shape[:2], jnp.int32))
+            qkv = qkv[:, window:]
+            new_conv = _take_window(inputs, fill.count, window)
+        qkv = P.silu(qkv)
         q, k, v = jnp.split(qkv, [kh * kd, 2 * kh * kd], axis=-1)
         repeat = vh // kh
         q = jnp.repeat(l2_normalize(q.reshape(batch, length, kh, kd)), repeat, axis=2)
@@ -117,11 +171,34 @@ class GatedDeltaNet(nnx.Module):
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         a_f = a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a_f)
-        o, _ = chunked_gated_delta_rule(
-            q, k, v, g, beta, segments.doc, chunk_size=c.deltanet_chunk_size
-        )
+        if cache is None:
+            o, _ = chunked_gated_delta_rule(
+                q, k, v, g, beta, segments.doc, chunk_size=c.deltanet_chunk_size
+            )
+        else:
+            o, new_state = self._continue_state(q, k, v, g, beta, cache.state, fill)
+            cache = DeltaNetCache(conv=new_conv.astype(cache.conv.dtype), state=new_state)
         o = gated_rms_norm(
             o.astype(x.dtype), z.reshape(batch, length, vh, vd), self.norm[...], c.rms_norm_eps
         )
         y = jnp.einsum("bthd,hde->bte", o, self.out_proj[...].astype(x.dtype))
-        return y, None
+        return y, cache
+
+    def _continue_state(self, q, k, v, g, beta, history, fill: Fill):
+        """Delta rule from the row's newest state; returns (o, the new state history)."""
+        keep = fill.valid[..., None]  # padding: no decay, no write
+        g = jnp.where(keep, g, 0.0)
+        beta = jnp.where(keep, beta, 0.0)
+        batch, length = q.shape[:2]
+        size = history.shape[1]
+        if length <= size:
+            o, states = delta_rule_steps(q, k, v, g, beta, history[:, -1])
+            new = _take_window(jnp.concatenate([history, states], axis=1), fill.count, size)
+            return o, new
+        doc = jnp.zeros((batch, length), jnp.int32)
+        o, final = chunked_gated_delta_rule(
+            q, k, v, g, beta, doc,
+            chunk_size=self.config.deltanet_chunk_size, initial_state=history[:, -1],
+        )  # fmt: skip
+        # Only the final state is known: older history entries repeat it (not rewindable).
+        return o, jnp.broadcast_to(final[:, None], history.shape)

@@ -5,6 +5,11 @@ Qwen3.5, a single attention layer for Qwen3-MoE). One `Block` holds one repeat; 
 parameters are stacked over repeats (leading `layers` axis) and the forward pass is one
 `jax.lax.scan` over the stack, so compile time does not grow with depth. The scan body is
 rematerialised according to `config.remat`.
+
+With a `Cache` (`models._cache`; `model.init_cache(batch, max_length)`), the call continues
+each row of the cache: the caches of all layers are scanned together with the parameters,
+valid tokens are moved to the front of their row first (so left- and right-padded prompts
+fill consecutive slots) and the outputs moved back.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models import _cache
 from models import _params as P
 from models._attention import Attention
+from models._cache import Cache, Fill
 from models._config import QwenConfig
 from models._deltanet import GatedDeltaNet
 from models._moe import MoE
@@ -41,7 +48,7 @@ class QwenOutput:
         hidden: [B, T, H] hidden states after the final norm (the MTP head's input).
         aux_loss: f32[] load-balancing loss as transformers defines it (unscaled; multiply
             by `config.router_aux_loss_coef`), over non-padding tokens of all layers.
-        cache: decoding state; None until cached decoding lands.
+        cache: the updated `Cache` of a cached call, else None.
     """
 
     logits: jax.Array
@@ -65,11 +72,11 @@ class DecoderLayer(nnx.Module):
         self.post_norm = RMSNorm(c.hidden_size, P.EMBED, **norm)
         self.moe = MoE(c)
 
-    def __call__(self, x, segments: Segments, rope):
-        h, _ = self.mixer(self.input_norm(x), segments, rope)
+    def __call__(self, x, segments: Segments, rope, cache=None, fill: Fill | None = None):
+        h, cache = self.mixer(self.input_norm(x), segments, rope, cache, fill)
         x = x + h
         h, counts, prob_sums = self.moe(self.post_norm(x), segments.valid)
-        return x + h, counts, prob_sums
+        return x + h, counts, prob_sums, cache
 
 
 class Block(nnx.Module):
@@ -78,12 +85,15 @@ class Block(nnx.Module):
     def __init__(self, config: QwenConfig):
         self.layers = nnx.List([DecoderLayer(config, k) for k in config.block_pattern])
 
-    def __call__(self, x, segments: Segments, rope):
+    def __call__(self, x, segments: Segments, rope, caches=None, fill: Fill | None = None):
         counts = prob_sums = 0.0
-        for layer in self.layers:
-            x, c, p = layer(x, segments, rope)
+        new_caches = []
+        for i, layer in enumerate(self.layers):
+            cache = None if caches is None else caches[i]
+            x, c, p, cache = layer(x, segments, rope, cache, fill)
             counts, prob_sums = counts + c, prob_sums + p
-        return x, counts, prob_sums
+            new_caches.append(cache)
+        return x, counts, prob_sums, (None if caches is None else tuple(new_caches))
 
 
 class Qwen(nnx.Module):
@@ -116,22 +126,29 @@ class Qwen(nnx.Module):
             )
         P.initialize(self, rngs.params())
 
-    def _run_blocks(self, x: jax.Array, segments: Segments, rope):
+    def _run_blocks(self, x: jax.Array, segments: Segments, rope, caches=None, fill=None):
         graphdef, state = nnx.split(self.blocks)
 
-        def body(carry, block_state):
+        def body(carry, xs):
             h, counts, prob_sums = carry
+            block_state, block_caches = xs
             block = nnx.merge(graphdef, block_state)
-            h, c, p = block(h, segments, rope)
-            return (h, counts + c, prob_sums + p), None
+            h, c, p, block_caches = block(h, segments, rope, block_caches, fill)
+            return (h, counts + c, prob_sums + p), block_caches
 
         policy = self.config.remat
-        if policy != "none":
+        if policy != "none" and caches is None:
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[policy], prevent_cse=False)
         zeros = jnp.zeros((self.config.num_experts,), jnp.float32)
         unroll = min(self.config.scan_unroll, self.config.num_blocks)
-        (x, counts, prob_sums), _ = jax.lax.scan(body, (x, zeros, zeros), state, unroll=unroll)
-        return x, counts, prob_sums
+        (x, counts, prob_sums), caches = jax.lax.scan(
+            body, (x, zeros, zeros), (state, caches), unroll=unroll
+        )
+        return x, counts, prob_sums, caches
+
+    def init_cache(self, batch: int, max_length: int, *, rollback: int = 0) -> Cache:
+        """An empty decoding cache (see `models._cache.init_cache`)."""
+        return _cache.init_cache(self.config, batch, max_length, rollback=rollback)
 
     def __call__(
         self,
@@ -139,21 +156,71 @@ class Qwen(nnx.Module):
         *,
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
-        cache: Any = None,
+        cache: Cache | None = None,
     ) -> QwenOutput:
         if cache is not None:
-            raise NotImplementedError(
-                "Qwen: cached decoding is not implemented yet; pass cache=None"
-            )
-        c = self.config
-        dtype = P.to_dtype(c.dtype)
+            return self._cached(input_ids, positions, segment_ids, cache)
         segments = segments_from_ids(input_ids, segment_ids, positions)
-        rope = rope_angles(segments.positions, c.rotary_dim, c.rope_theta)
-        x = self.embed[...][input_ids].astype(dtype)
-        x, counts, prob_sums = self._run_blocks(x, segments, rope)
+        x, counts, prob_sums, _ = self._run_blocks(
+            self._embed(input_ids), segments, self._rope(segments)
+        )
         hidden = self.final_norm(x)
+        return QwenOutput(
+            logits=self._unembed(hidden),
+            hidden=hidden,
+            aux_loss=self._aux_loss(counts, prob_sums, segments.valid),
+            cache=None,
+        )
+
+    def _embed(self, input_ids: jax.Array) -> jax.Array:
+        return self.embed[...][input_ids].astype(P.to_dtype(self.config.dtype))
+
+    def _rope(self, segments: Segments):
+        return rope_angles(segments.positions, self.config.rotary_dim, self.config.rope_theta)
+
+    def _unembed(self, hidden: jax.Array) -> jax.Array:
+        c = self.config
         head = self.embed[...].T if c.tie_word_embeddings else self.lm_head[...]
-        logits = hidden @ head.astype(dtype)
-        rows = jnp.maximum(jnp.sum(segments.valid), 1).astype(jnp.float32) * c.num_layers
-        aux = c.num_experts * jnp.sum((counts / rows) * (prob_sums / rows))
-        return QwenOutput(logits=logits, hidden=hidden, aux_loss=aux, cache=None)
+        return hidden @ head.astype(hidden.dtype)
+
+    def _aux_loss(self, counts, prob_sums, valid) -> jax.Array:
+        c = self.config
+        rows = jnp.maximum(jnp.sum(valid), 1).astype(jnp.float32) * c.num_layers
+        return c.num_experts * jnp.sum((counts / rows) * (prob_sums / rows))
+
+    def _cached(self, input_ids, positions, segment_ids, cache: Cache) -> QwenOutput:
+        """A call that continues the rows of `cache` (see `models._cache`)."""
+        if not isinstance(cache, Cache):
+            raise TypeError(
+                f"cache must be a models.Cache (from model.init_cache), got {type(cache).__name__}"
+            )
+        if len(cache.layers) != len(self.config.block_pattern):
+            raise ValueError(
+                f"cache has {len(cache.layers)} layer entries, the model's layer pattern "
+                f"{len(self.config.block_pattern)}: build it with model.init_cache"
+            )
+        fill, lead = _cache.plan_fill(input_ids, segment_ids, cache)
+        if lead is not None:
+            input_ids = _cache.compact_rows(input_ids, lead)
+            positions = None if positions is None else _cache.compact_rows(positions, lead)
+        length = input_ids.shape[1]
+        if positions is None:
+            positions = fill.start[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+        segments = Segments(
+            doc=jnp.zeros(input_ids.shape, jnp.int32),
+            positions=positions.astype(jnp.int32),
+            valid=fill.valid,
+        )
+        x, counts, prob_sums, layers = self._run_blocks(
+            self._embed(input_ids), segments, self._rope(segments), cache.layers, fill
+        )
+        hidden = self.final_norm(x)
+        logits = self._unembed(hidden)
+        if lead is not None:
+            hidden, logits = _cache.restore_rows(hidden, lead), _cache.restore_rows(logits, lead)
+        return QwenOutput(
+            logits=logits,
+            hidden=hidden,
+            aux_loss=self._aux_loss(counts, prob_sums, fill.valid),
+            cache=Cache(end=fill.start + fill.count, layers=layers),
+        )

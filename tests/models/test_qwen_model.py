@@ -121,7 +121,7 @@ def test_bfloat16_compute_path():
 def test_bad_inputs_fail_clearly():
     model = Qwen(TINY, rngs=nnx.Rngs(0))
     ids = jnp.asarray(_ids(length=8))
-    with pytest.raises(NotImplementedError, match="cache"):
+    with pytest.raises(TypeError, match="models.Cache"):
         model(ids, cache={})
     with pytest.raises(ValueError, match="segment_ids shape"):
         model(ids, segment_ids=jnp.ones((2, 7), jnp.int32))

@@ -1,0 +1,278 @@
+"""`Sampler`: batched generation from a `Qwen` policy, optionally self-speculative with an
+`MTPHead`.
+
+    sampler = Sampler(model)                                   # or Sampler(model, mtp=head,
+    out = sampler([[1, 2, 3], [4, 5]], max_new_tokens=64,      #    num_draft_tokens=3)
+                  sampling=Sampling(temperature=0.7, top_p=0.95), stop_tokens=[eos], seed=0)
+    out.completion(0), out.logprobs, out.policy_logprobs, out.rows()["sampled_mask"]
+
+Requests are padded into buckets — batch size, prompt length and generation length each
+rounded up to the next of 1, 1.5, 2, 3, 4, 6, 8, 12, ... x `min_bucket` — so repeated rollouts
+with varying lengths reuse a few compiled programs (`compilations` counts them). Everything
+per row (prompt, length limit, sampling settings) is an array; stop tokens are an array too.
+
+Returned per token: the id, its log-probability under the sampling distribution (after
+temperature / top-k / top-p; 0 for greedy), and under the unmodified policy (temperature 1,
+no filter: what a training forward pass on the same tokens computes, the old log-probs of
+GRPO/GSPO). `rows()` lays prompt and completion out as training rows with the sampled-vs-forced
+mask: 1 on tokens the policy sampled, 0 on the prompt (forced) and padding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import _sampler_loop as loop
+from models._model import Qwen
+from models._mtp import MTPHead
+from models._sampling import Sampling, SamplingArrays, Strategy, strategy_for
+
+DEFAULT_SAMPLING = Sampling()
+
+
+def bucket(n: int, minimum: int) -> int:
+    """The smallest of minimum x {1, 1.5, 2, 3, 4, 6, 8, ...} that is >= n."""
+    if n <= minimum:
+        return minimum
+    size = minimum
+    while True:
+        for candidate in (size, size * 3 // 2):
+            if candidate >= n:
+                return candidate
+        size *= 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    """Generated tokens of one `Sampler` call (numpy, one row per prompt).
+
+    Attributes:
+        prompts: the prompts as given (int32 arrays).
+        tokens: int32[B, G] generated tokens; entries past `lengths` are `pad_id`.
+        lengths: int32[B] tokens generated per row (the stop token included).
+        logprobs: f32[B, G] log-probabilities under the sampling distribution (0 past length).
+        policy_logprobs: f32[B, G] log-probabilities under the unmodified policy.
+        stopped: bool[B], True where the row ended on a stop token (else its length limit).
+        pad_id: the padding token id.
+        acceptance_length: speculative decoding only: mean tokens emitted per verification
+            (accepted drafts + 1), over rows still generating; None otherwise.
+    """
+
+    prompts: tuple[np.ndarray, ...]
+    tokens: np.ndarray
+    lengths: np.ndarray
+    logprobs: np.ndarray
+    policy_logprobs: np.ndarray
+    stopped: np.ndarray
+    pad_id: int
+    acceptance_length: float | None = None
+
+    def completion(self, i: int) -> list[int]:
+        """The generated token ids of row i."""
+        return self.tokens[i, : self.lengths[i]].tolist()
+
+    def rows(self, seq_len: int | None = None) -> dict[str, np.ndarray]:
+        """Prompt + completion per row as training rows, right-padded to `seq_len`
+        (default: the longest row). Keys: `input_ids`, `sampled_mask` (1 on sampled tokens),
+        `logprobs`, `policy_logprobs` (aligned with the tokens, 0 on forced ones),
+        `segment_ids` (1 on the row's tokens, 0 on padding), `positions`.
+
+        Raises:
+            ValueError: a row does not fit `seq_len`.
+        """
+        total = [len(p) + int(n) for p, n in zip(self.prompts, self.lengths)]
+        seq_len = seq_len or max(total)
+        if max(total) > seq_len:
+            raise ValueError(f"SampleOutput.rows: a row has {max(total)} tokens > {seq_len}")
+        batch = len(self.prompts)
+        out = {
+            "input_ids": np.full((batch, seq_len), self.pad_id, np.int32),
+            "sampled_mask": np.zeros((batch, seq_len), np.int32),
+            "logprobs": np.zeros((batch, seq_len), np.float32),
+            "policy_logprobs": np.zeros((batch, seq_len), np.float32),
+            "segment_ids": np.zeros((batch, seq_len), np.int32),
+            "positions": np.zeros((batch, seq_len), np.int32),
+        }
+        for i, prompt in enumerate(self.prompts):
+            p, n = len(prompt), int(self.lengths[i])
+            out["input_ids"][i, :p] = prompt
+            out["input_ids"][i, p : p + n] = self.tokens[i, :n]
+            out["sampled_mask"][i, p : p + n] = 1
+            out["logprobs"][i, p : p + n] = self.logprobs[i, :n]
+            out["policy_logprobs"][i, p : p + n] = self.policy_logprobs[i, :n]
+            out["segment_ids"][i, : p + n] = 1
+            out["positions"][i, : p + n] = np.arange(p + n)
+        return out
+
+
+def _graph_for(model: nnx.Module, overrides: Mapping[str, Any] | None) -> nnx.GraphDef:
+    """The model's graph with runtime config fields replaced (same parameter structure)."""
+    graphdef = nnx.graphdef(model)
+    if not overrides:
+        return graphdef
+    config = model.config.replace(**overrides)
+    abstract = nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0)))
+    other, abstract_state = nnx.split(abstract)
+    ours = jax.tree.structure(nnx.state(model))
+    if jax.tree.structure(abstract_state) != ours:
+        raise ValueError(f"Sampler: overrides {dict(overrides)} change the parameter structure")
+    return other
+
+
+class Sampler:
+    """Batched generation with bucketed shapes (see the module docstring).
+
+    Args:
+        model: the policy (`Qwen`).
+        mtp: a draft head for self-speculative decoding (with `num_draft_tokens` > 0).
+        num_draft_tokens: k drafts verified per step; 0 decodes plainly.
+        pad_id: padding token id (prompt padding and unused output slots).
+        min_bucket: smallest prompt / generation length bucket.
+        decode_overrides: runtime `QwenConfig` fields for the decode steps only, e.g.
+            `{"moe_dispatch": "dense"}` (per-token steps route a handful of tokens, where the
+            block-padded sorted dispatch wastes most of its rows); prefill keeps the model's.
+    """
+
+    def __init__(
+        self,
+        model: Qwen,
+        *,
+        mtp: MTPHead | None = None,
+        num_draft_tokens: int = 0,
+        pad_id: int = 0,
+        min_bucket: int = 16,
+        decode_overrides: Mapping[str, Any] | None = None,
+    ):
+        if num_draft_tokens < 0:
+            raise ValueError(f"Sampler: num_draft_tokens={num_draft_tokens} must be >= 0")
+        if num_draft_tokens and mtp is None:
+            raise ValueError("Sampler: num_draft_tokens > 0 needs an MTP head (mtp=...)")
+        self.num_draft_tokens = num_draft_tokens
+        self.pad_id, self.min_bucket = pad_id, min_bucket
+        self.vocab_size = model.config.vocab_size
+        self._graphs = (
+            nnx.graphdef(model),
+            _graph_for(model, decode_overrides),
+            nnx.graphdef(mtp) if num_draft_tokens else None,
+        )
+        self._states = (nnx.state(model), nnx.state(mtp) if num_draft_tokens else None)
+        self._traces = 0
+        self._compiled = jax.jit(
+            functools.partial(loop.generate, on_trace=self._count_trace),
+            static_argnames=("strategy", "gen_slots", "num_draft_tokens"),
+            static_argnums=(0,),
+        )
+
+    def _count_trace(self) -> None:
+        self._traces += 1
+
+    @property
+    def compilations(self) -> int:
+        """Programs traced so far (one per new bucket / strategy combination)."""
+        return self._traces
+
+    def update(self, model: Qwen | None = None, mtp: MTPHead | None = None) -> None:
+        """Takes new weights (same structure) without recompiling, e.g. after a train step."""
+        target_state, head_state = self._states
+        if model is not None:
+            target_state = nnx.state(model)
+        if mtp is not None and self.num_draft_tokens:
+            head_state = nnx.state(mtp)
+        self._states = (target_state, head_state)
+
+    def _request(self, prompts, max_new, sampling, stop_tokens) -> tuple[loop.Request, int]:
+        batch = len(prompts)
+        rows_b = bucket(batch, 1)
+        lengths = [len(p) for p in prompts]
+        if min(lengths) < 1:
+            raise ValueError("Sampler: every prompt needs at least one token")
+        if min(max_new) < 1:
+            raise ValueError(f"Sampler: max_new_tokens must be >= 1, got {min(max_new)}")
+        length_b = bucket(max(lengths), self.min_bucket)
+        gen_b = bucket(max(max_new), self.min_bucket)
+        ids = np.full((rows_b, length_b), self.pad_id, np.int32)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = p
+        too_big = [t for p in prompts for t in p if not 0 <= t < self.vocab_size]
+        if too_big:
+            raise ValueError(f"Sampler: token ids {too_big[:5]} outside [0, {self.vocab_size})")
+        fill = rows_b - batch  # dummy rows: one pad token, one step
+        stops = np.full((bucket(max(len(stop_tokens), 1), 4),), -1, np.int32)
+        stops[: len(stop_tokens)] = stop_tokens
+        req = loop.Request(
+            prompt_ids=jnp.asarray(ids),
+            prompt_lengths=jnp.asarray(lengths + [1] * fill, jnp.int32),
+            max_lengths=jnp.asarray(list(max_new) + [1] * fill, jnp.int32),
+            stop_tokens=jnp.asarray(stops),
+            params=SamplingArrays.from_rows(list(sampling) + [Sampling()] * fill),
+        )
+        return req, gen_b
+
+    def __call__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int | Sequence[int],
+        sampling: Sampling | Sequence[Sampling] = DEFAULT_SAMPLING,
+        stop_tokens: Sequence[int] = (),
+        seed: int | jax.Array = 0,
+        strategy: Strategy | None = None,
+    ) -> SampleOutput:
+        """Generates a continuation of every prompt.
+
+        Args:
+            prompts: token id lists (unpadded), one per row.
+            max_new_tokens: length limit, for all rows or per row.
+            sampling: settings for all rows or per row.
+            stop_tokens: ids that end a row (the stop token is emitted).
+            seed: PRNG seed (or key) of this call.
+            strategy: a custom `Strategy` (hashable) instead of the standard one.
+        """
+        prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
+        if not prompts:
+            raise ValueError("Sampler: no prompts")
+        batch = len(prompts)
+        max_new = [max_new_tokens] * batch if isinstance(max_new_tokens, int) else max_new_tokens
+        rows = [sampling] * batch if isinstance(sampling, Sampling) else list(sampling)
+        if len(max_new) != batch or len(rows) != batch:
+            raise ValueError(f"Sampler: per-row max_new_tokens / sampling need {batch} entries")
+        req, gen_slots = self._request(prompts, list(max_new), rows, list(stop_tokens))
+        key = jax.random.key(seed) if isinstance(seed, int) else seed
+        state = self._compiled(
+            self._graphs,
+            self._states,
+            req,
+            key,
+            strategy=strategy or strategy_for(rows),
+            gen_slots=gen_slots,
+            num_draft_tokens=self.num_draft_tokens,
+        )
+        return self._output(prompts, jax.device_get(state))
+
+    def _output(self, prompts, state: loop.LoopState) -> SampleOutput:
+        batch = len(prompts)
+        out = state.out
+        lengths = np.asarray(out.length[:batch])
+        valid = np.arange(out.tokens.shape[1])[None, :] < lengths[:, None]
+        acceptance = None
+        if state.draft is not None:
+            verified = max(int(state.draft.verified), 1)
+            acceptance = 1.0 + int(state.draft.accepted) / verified
+        return SampleOutput(
+            prompts=tuple(prompts),
+            tokens=np.where(valid, np.asarray(out.tokens[:batch]), self.pad_id),
+            lengths=lengths,
+            logprobs=np.where(valid, np.asarray(out.logprobs[:batch]), 0.0),
+            policy_logprobs=np.where(valid, np.asarray(out.policy_logprobs[:batch]), 0.0),
+            stopped=np.asarray(out.stopped[:batch]),
+            pad_id=self.pad_id,
+            acceptance_length=acceptance,
+        )

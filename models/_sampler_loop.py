@@ -1,0 +1,283 @@
+"""The compiled generation loop: prefill, then `jax.lax.while_loop` over a pytree state.
+
+Everything here is traced once per (model structure, bucketed shapes, strategy, number of
+draft tokens); the user API (`models._sampler`) pads requests into those buckets.
+
+Plain decoding feeds the last sampled token each iteration. Self-speculative decoding (with
+an `MTPHead`) keeps the invariant: the target's cache holds tokens x_0 .. x_{n-1}, `pending`
+is x_n (sampled, not yet fed), and the head's cache holds the pairs (h_t, x_{t+1}) for
+t < n - 1, while `DraftState` lists the pairs still to feed. One iteration:
+
+1. the head takes the pending pairs and drafts d_1 (then d_2 .. d_k from its own hidden);
+2. the target verifies [x_n, d_1 .. d_k] in one cached call;
+3. exact acceptance keeps a drafts and draws one more token c (`speculative_accept`);
+4. the target's cache is rewound to x_n, d_1 .. d_a and the head's to its last exact pair;
+   the pairs (G_0, d_1) .. (G_a, c), G the target's hidden states of the block, are pending.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models._cache import Cache
+from models._sampling import (
+    SamplingArrays,
+    Strategy,
+    sample,
+    speculative_accept,
+    token_logprob,
+)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Buffers:
+    """Generated tokens per row (`G` slots) and their bookkeeping."""
+
+    tokens: jax.Array  # int32[B, G]
+    logprobs: jax.Array  # f32[B, G] under the sampling distribution
+    policy_logprobs: jax.Array  # f32[B, G] under the unmodified policy
+    length: jax.Array  # int32[B]
+    done: jax.Array  # bool[B]
+    stopped: jax.Array  # bool[B]: ended on a stop token
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftState:
+    """The draft head's cache and the (hidden, token) pairs it has not seen yet."""
+
+    hidden: jax.Array  # [B, k + 1, H]
+    ids: jax.Array  # int32[B, k + 1]
+    count: jax.Array  # int32[B] pending pairs (a prefix of the k + 1)
+    cache: Cache
+    accepted: jax.Array  # int32[] drafts accepted so far (rows still generating)
+    verified: jax.Array  # int32[] verification steps so far (rows still generating)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LoopState:
+    out: Buffers
+    pending: jax.Array  # int32[B] the last emitted token, not yet fed to the target
+    cache: Cache
+    key: jax.Array
+    steps: jax.Array  # int32[] loop iterations
+    draft: DraftState | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """The per-call arrays of one bucketed generation request."""
+
+    prompt_ids: jax.Array  # int32[B, P], right-padded
+    prompt_lengths: jax.Array  # int32[B], >= 1
+    max_lengths: jax.Array  # int32[B], 1 <= max_lengths <= G
+    stop_tokens: jax.Array  # int32[S], -1 = unused
+    params: SamplingArrays
+
+
+def _emit(out: Buffers, tokens, logprobs, policy_logprobs, count, req: Request) -> Buffers:
+    """Appends up to `count[b]` of tokens [B, m] to each unfinished row, cut after a stop
+    token and at the row's length limit."""
+    m = tokens.shape[1]
+    index = jnp.arange(m)[None, :]
+    is_stop = jnp.any(tokens[..., None] == req.stop_tokens[None, None, :], axis=-1)
+    is_stop &= index < count[:, None]
+    first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1) + 1, m + 1)
+    n = jnp.minimum(jnp.minimum(count, first_stop), req.max_lengths - out.length)
+    n = jnp.where(out.done, 0, n)
+    size = out.tokens.shape[1]
+    slots = jnp.where(index < n[:, None], out.length[:, None] + index, size)  # size: dropped
+    rows = jnp.arange(tokens.shape[0])[:, None]
+
+    def put(buffer, values):
+        return buffer.at[rows, slots].set(values.astype(buffer.dtype), mode="drop")
+
+    length = out.length + n
+    stopped = out.stopped | ((first_stop <= n) & ~out.done)
+    return Buffers(
+        tokens=put(out.tokens, tokens),
+        logprobs=put(out.logprobs, logprobs),
+        policy_logprobs=put(out.policy_logprobs, policy_logprobs),
+        length=length,
+        done=out.done | stopped | (length >= req.max_lengths),
+        stopped=stopped,
+    )
+
+
+def _scores(strategy: Strategy, logits, params, tokens):
+    """(sampling log-probs [.., V], log-prob of tokens under them, under the raw policy)."""
+    logp = strategy(logits, params)
+    raw = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return logp, token_logprob(logp, tokens), token_logprob(raw, tokens)
+
+
+def _gather_rows(x: jax.Array, index: jax.Array) -> jax.Array:
+    """x[b, index[b]] for x [B, T, ...]."""
+    return x[jnp.arange(x.shape[0]), index]
+
+
+def prefill(target, req: Request, cache: Cache, key, strategy: Strategy, gen_slots: int):
+    """Runs the prompts, samples the first token; returns (state, target output)."""
+    batch, length = req.prompt_ids.shape
+    segment_ids = (jnp.arange(length)[None, :] < req.prompt_lengths[:, None]).astype(jnp.int32)
+    out = target(req.prompt_ids, segment_ids=segment_ids, cache=cache)
+    last_hidden = _gather_rows(out.hidden, req.prompt_lengths - 1)
+    logits = target._unembed(last_hidden)  # only the last position's logits are computed
+    key, sub = jax.random.split(key)
+    logp = strategy(logits, req.params)
+    token = sample(sub, logp)
+    _, lp, plp = _scores(strategy, logits, req.params, token)
+    empty = Buffers(
+        tokens=jnp.zeros((batch, gen_slots), jnp.int32),
+        logprobs=jnp.zeros((batch, gen_slots), jnp.float32),
+        policy_logprobs=jnp.zeros((batch, gen_slots), jnp.float32),
+        length=jnp.zeros((batch,), jnp.int32),
+        done=jnp.zeros((batch,), bool),
+        stopped=jnp.zeros((batch,), bool),
+    )
+    ones = jnp.ones((batch,), jnp.int32)
+    buffers = _emit(empty, token[:, None], lp[:, None], plp[:, None], ones, req)
+    state = LoopState(
+        out=buffers, pending=token, cache=out.cache, key=key, steps=jnp.zeros((), jnp.int32)
+    )
+    return state, out
+
+
+def plain_step(target, req: Request, strategy: Strategy, state: LoopState) -> LoopState:
+    """Feeds the pending token and samples the next one."""
+    out = target(state.pending[:, None], cache=state.cache)
+    key, sub = jax.random.split(state.key)
+    logits = out.logits[:, 0]
+    logp = strategy(logits, req.params)
+    token = sample(sub, logp)
+    _, lp, plp = _scores(strategy, logits, req.params, token)
+    ones = jnp.ones_like(token)
+    buffers = _emit(state.out, token[:, None], lp[:, None], plp[:, None], ones, req)
+    return dataclasses.replace(
+        state, out=buffers, pending=token, cache=out.cache, key=key, steps=state.steps + 1
+    )
+
+
+def draft_prefill(head, target, req: Request, target_out, state: LoopState, cache: Cache, k):
+    """Feeds the prompt's pairs (h_t, x_{t+1}), t < n - 1, to the head; the last pair
+    (h_{n-1}, first sampled token) waits in the `DraftState`."""
+    batch, length = req.prompt_ids.shape
+    next_ids = jnp.concatenate(
+        [req.prompt_ids[:, 1:], jnp.zeros((batch, 1), req.prompt_ids.dtype)], axis=1
+    )
+    pairs = (jnp.arange(length)[None, :] < req.prompt_lengths[:, None] - 1).astype(jnp.int32)
+    mtp = head(target_out.hidden, next_ids, target, segment_ids=pairs, cache=cache)
+    hidden = jnp.zeros((batch, k + 1, target_out.hidden.shape[-1]), target_out.hidden.dtype)
+    hidden = hidden.at[:, 0].set(_gather_rows(target_out.hidden, req.prompt_lengths - 1))
+    ids = jnp.zeros((batch, k + 1), jnp.int32).at[:, 0].set(state.pending)
+    zero = jnp.zeros((), jnp.int32)
+    draft = DraftState(
+        hidden=hidden,
+        ids=ids,
+        count=jnp.ones((batch,), jnp.int32),
+        cache=mtp.cache,
+        accepted=zero,
+        verified=zero,
+    )
+    return dataclasses.replace(state, draft=draft)
+
+
+def _draft(head, target, req, strategy, draft: DraftState, keys, k):
+    """Drafts k tokens: (tokens int[B, k], their distributions [B, k, V], head cache)."""
+    valid = (jnp.arange(k + 1)[None, :] < draft.count[:, None]).astype(jnp.int32)
+    out = head(draft.hidden, draft.ids, target, segment_ids=valid, cache=draft.cache)
+    logits = _gather_rows(out.logits, draft.count - 1)
+    hidden = _gather_rows(out.hidden, draft.count - 1)
+    cache = out.cache
+    tokens, logps = [], []
+    for j in range(k):
+        if j:
+            out = head(hidden[:, None], tokens[-1][:, None], target, cache=cache)
+            logits, hidden, cache = out.logits[:, 0], out.hidden[:, 0], out.cache
+        logp = strategy(logits, req.params)
+        tokens.append(sample(keys[j], logp))
+        logps.append(logp)
+    return jnp.stack(tokens, 1), jnp.stack(logps, 1), cache
+
+
+def speculative_step(head, target, req, strategy, k: int, state: LoopState) -> LoopState:
+    """One draft-verify-accept iteration (see the module docstring)."""
+    key, sub_accept, *draft_keys = jax.random.split(state.key, k + 2)
+    drafts, draft_logp, head_cache = _draft(head, target, req, strategy, state.draft, draft_keys, k)
+    block = jnp.concatenate([state.pending[:, None], drafts], axis=1)  # [B, k + 1]
+    out = target(block, cache=state.cache)
+    target_logp = strategy(out.logits, req.params)
+    accepted, token = speculative_accept(sub_accept, target_logp, draft_logp, drafts)
+    rows = jnp.arange(block.shape[0])
+    emitted = jnp.concatenate([drafts, drafts[:, :1]], axis=1).at[rows, accepted].set(token)
+    _, lp, plp = _scores(strategy, out.logits, req.params, emitted)
+    live = ~state.out.done
+    buffers = _emit(state.out, emitted, lp, plp, accepted + 1, req)
+    draft = DraftState(
+        hidden=out.hidden,
+        ids=emitted,
+        count=accepted + 1,
+        cache=head_cache.rewind(jnp.full_like(accepted, k - 1)),
+        accepted=state.draft.accepted + jnp.sum(jnp.where(live, accepted, 0)),
+        verified=state.draft.verified + jnp.sum(live.astype(jnp.int32)),
+    )
+    return LoopState(
+        out=buffers,
+        pending=token,
+        cache=out.cache.rewind(k - accepted),
+        key=key,
+        steps=state.steps + 1,
+        draft=draft,
+    )
+
+
+def generate(
+    graphs: tuple[nnx.GraphDef, nnx.GraphDef, nnx.GraphDef | None],
+    states: tuple[nnx.State, nnx.State | None],
+    req: Request,
+    key: jax.Array,
+    *,
+    strategy: Strategy,
+    gen_slots: int,
+    num_draft_tokens: int,
+    on_trace: Callable[[], None] = lambda: None,
+) -> LoopState:
+    """Prefill and the decoding loop, to be wrapped in `jax.jit` (all keywords static).
+
+    `graphs` are the target's graph for prefill and for decoding (they may differ in runtime
+    choices such as the MoE dispatch) and the head's (None without speculation); `states`
+    the target's and the head's parameters.
+    """
+    on_trace()
+    prefill_graph, decode_graph, head_graph = graphs
+    target_state, head_state = states
+    k = num_draft_tokens
+    batch, length = req.prompt_ids.shape
+    slots = length + gen_slots + k + 1
+    target = nnx.merge(prefill_graph, target_state)
+    cache = target.init_cache(batch, slots, rollback=k)
+    state, out = prefill(target, req, cache, key, strategy, gen_slots)
+    target = nnx.merge(decode_graph, target_state)
+    if k:
+        head = nnx.merge(head_graph, head_state)
+        state = draft_prefill(head, target, req, out, state, head.init_cache(batch, slots), k)
+
+        def step(s):
+            return speculative_step(head, target, req, strategy, k, s)
+    else:
+
+        def step(s):
+            return plain_step(target, req, strategy, s)
+
+    def cond(s):
+        return ~jnp.all(s.out.done) & (s.steps < gen_slots)
+
+    return jax.lax.while_loop(cond, step, state)
