@@ -12,7 +12,6 @@ bank) is used instead; rejections are counted in `stats`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
@@ -23,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from hat_jax import files
+from hat_jax import llm_client
 from hat_jax.hsa._bank import SKILL_NAME, TOOL_NAME, markers, normalize
 from hat_jax.hsa._rewrite import NAME_KINDS, TEXT_KINDS, BankRewriter, Rewriter
 
@@ -80,6 +79,7 @@ class LLMRewriter:
         self.bank = getattr(self.fallback, "bank", None)
         self.descriptions = dict(descriptions or {})
         self.stats = {"requests": 0, "cache_hits": 0, "rejected": 0}
+        self._cache = llm_client.AnswerCache(cache_dir)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),
@@ -129,21 +129,15 @@ class LLMRewriter:
         return tuple(dict.fromkeys(good))
 
     # ------------------------------------------------------------------ cache and HTTP
-    def _path(self, key: dict[str, Any]) -> pathlib.Path:
-        blob = json.dumps(
-            {"model": self.model, "prompt_version": PROMPT_VERSION, **key}, sort_keys=True
-        )
-        digest = hashlib.sha256(blob.encode()).hexdigest()
-        return self.cache_dir / digest[:2] / f"{digest}.json"
-
     def _cached(self, key: dict[str, Any], compute) -> Any:
-        path = self._path(key)
-        if path.exists():
+        full = {"model": self.model, "prompt_version": PROMPT_VERSION, **key}
+        record = self._cache.get(full)
+        if record is not None:
             self.stats["cache_hits"] += 1
-            return json.loads(path.read_text(encoding="utf-8"))["answer"]
+            return record["answer"]
         answer = compute()
         if answer is not None:  # a failed request is retried next time, not cached
-            files.write_json(path, {"model": self.model, **key, "answer": answer}, indent=None)
+            self._cache.put(full, {"model": self.model, **key, "answer": answer})
         return answer
 
     def _complete(self, system: str, user: str, variant: int) -> str | None:
@@ -155,12 +149,7 @@ class LLMRewriter:
             "seed": variant,
             "max_tokens": 512,
         }
-        try:
-            response = self._client.post("/chat/completions", json=payload)
-            response.raise_for_status()
-            return response.json()["choices"][0]["message"]["content"]
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-            return None
+        return llm_client.complete(self._client, "/chat/completions", payload)
 
 
 def _strip_fence(text: str) -> str:

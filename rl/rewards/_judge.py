@@ -15,7 +15,6 @@ kappa and the confusion matrix per dimension, and each judge's own agreement.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -27,7 +26,7 @@ from typing import Any
 import httpx
 import jinja2
 
-from hat_jax import files
+from hat_jax import files, llm_client
 from hat_jax import harness as hx
 from rl.rewards._rules import RewardVector
 from rl.sim import Scenario
@@ -130,7 +129,7 @@ class JudgePanel:
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
         self.user = env.from_string(source)
         self.judges = tuple(judges)
-        self.cache_dir = pathlib.Path(cache_dir) if cache_dir else None
+        self._cache = llm_client.AnswerCache(cache_dir) if cache_dir else None
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s), transport=transport)
 
     def close(self) -> None:
@@ -171,10 +170,10 @@ class JudgePanel:
         )
 
     def _ask(self, judge: JudgeEndpoint, user: str) -> str | None:
-        key = hashlib.sha256(json.dumps([judge.model, self.system, user]).encode()).hexdigest()
-        path = self.cache_dir / key[:2] / f"{key}.json" if self.cache_dir else None
-        if path is not None and path.exists():
-            return json.loads(path.read_text(encoding="utf-8"))["answer"]
+        key = [judge.model, self.system, user]
+        record = self._cache.get(key) if self._cache else None
+        if record is not None:
+            return record["answer"]
         api_key = os.environ.get(judge.api_key_env) if judge.api_key_env else None
         payload = {
             "model": judge.model,
@@ -185,18 +184,10 @@ class JudgePanel:
             "temperature": 0.0,
             "max_tokens": 256,
         }
-        try:
-            response = self._client.post(
-                judge.base_url.rstrip("/") + "/chat/completions",
-                json=payload,
-                headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
-            )
-            response.raise_for_status()
-            answer = response.json()["choices"][0]["message"]["content"]
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-            return None
-        if path is not None:
-            files.write_json(path, {"judge": judge.label, "answer": answer}, indent=1)
+        url = judge.base_url.rstrip("/") + "/chat/completions"
+        answer = llm_client.complete(self._client, url, payload, api_key=api_key)
+        if answer is not None and self._cache:
+            self._cache.put(key, {"judge": judge.label, "answer": answer})
         return answer
 
 
