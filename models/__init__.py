@@ -16,16 +16,19 @@ Public API:
                     `model(ids, segment_ids=..., cache=cache)` continues each row (left- or
                     right-padded prompts); `cache.rewind(n)` takes back the newest tokens.
                     `cache_logical_axes(cache)` names its axes for sharding rules.
-    MTPHead, MTPOutput
+    MTPHead, MTPOutput, check_mtp_config
                     the NextN draft head (SGLang's convention; shares the target's
-                    embedding and LM head): `head(hidden, next_input_ids, target, ...)`.
+                    embedding and LM head): `head(hidden, next_input_ids, target, ...)`;
+                    `MTPHead(policy_config, rngs=...)` (Qwen3.5 family only). HF form: the
+                    19 `mtp.*` tensors, `serve.convert.load_mtp(hf_dir, config=...)` /
+                    `save_hf(..., mtp=head)`; trained on policy rollouts by `rl.run_mtp`.
     Sampler, Sampling, SampleOutput
                     batched generation (greedy / temperature / top-k / top-p, stop tokens,
                     per-row limits, bucketed shapes, optional self-speculative decoding with
                     an MTPHead): `Sampler(model)(prompts, max_new_tokens=, sampling=)`.
-    Strategy, Standard, GREEDY, speculative_accept
-                    sampling strategies (logits -> sampling log-probs) and exact
-                    speculative acceptance.
+    Strategy, Standard, SamplingArrays, GREEDY, speculative_accept
+                    sampling strategies (logits and per-row `SamplingArrays` -> sampling
+                    log-probs) and exact speculative acceptance.
     AXIS_NAMES      the logical axis names parameters carry (below).
     chunked_gated_delta_rule, recurrent_gated_delta_rule
                     the segment-aware delta rule (training form and per-step reference).
@@ -69,10 +72,17 @@ from models._config import PRESETS, QwenConfig
 from models._delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
 from models._model import Qwen, QwenOutput
 from models._moe import dense_experts, ragged_experts, sorted_experts
-from models._mtp import MTPHead, MTPOutput
+from models._mtp import MTPHead, MTPOutput, check_mtp_config
 from models._params import AXIS_NAMES
 from models._sampler import SampleOutput, Sampler
-from models._sampling import GREEDY, Sampling, Standard, Strategy, speculative_accept
+from models._sampling import (
+    GREEDY,
+    Sampling,
+    SamplingArrays,
+    Standard,
+    Strategy,
+    speculative_accept,
+)
 
 __all__ = [
     "AXIS_NAMES",
@@ -87,9 +97,11 @@ __all__ = [
     "SampleOutput",
     "Sampler",
     "Sampling",
+    "SamplingArrays",
     "Standard",
     "Strategy",
     "cache_logical_axes",
+    "check_mtp_config",
     "chunked_gated_delta_rule",
     "dense_experts",
     "ragged_experts",

@@ -2,11 +2,20 @@
 deployment replay benchmark. Never imported by training code.
 
 Conversion (`serve.convert`): `load_hf`, `save_hf`, `read_hf_tensors`, `HFCheckpointError`;
+the MTP draft head: `load_mtp`, `has_mtp`, `restore_mtp`;
 CLI `python -m serve.convert from-hf|to-hf`. Imported lazily, so `python -m serve.convert`
 does not load the module twice.
 """
 
-_CONVERT = ("HFCheckpointError", "load_hf", "read_hf_tensors", "save_hf")
+_CONVERT = (
+    "HFCheckpointError",
+    "has_mtp",
+    "load_hf",
+    "load_mtp",
+    "read_hf_tensors",
+    "restore_mtp",
+    "save_hf",
+)
 
 __all__ = list(_CONVERT)
 

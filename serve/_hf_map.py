@@ -271,3 +271,50 @@ def global_to_hf(c: QwenConfig, prefix: str) -> dict[str, Callable[[Get], np.nda
     if not c.tie_word_embeddings:
         m["lm_head.weight"] = lambda g: g("lm_head").T
     return m
+
+
+# -- the MTP (NextN) draft head: 19 `mtp.*` tensors, one full-attention MoE layer -----------
+
+MTP_PREFIX = "mtp."
+MTP_LAYER = "mtp.layers.0."
+
+
+def mtp_shapes(c: QwenConfig, experts: str) -> dict[str, tuple[int, ...]]:
+    """Expected `mtp.*` tensors of a Qwen3.5 draft head: full name -> shape."""
+    h = c.hidden_size
+    shapes = {
+        "mtp.fc.weight": (h, 2 * h),
+        "mtp.pre_fc_norm_embedding.weight": (h,),
+        "mtp.pre_fc_norm_hidden.weight": (h,),
+        "mtp.norm.weight": (h,),
+    }
+    for suffix, shape in hf_layer_shapes(c, "full_attention", experts).items():
+        shapes[MTP_LAYER + suffix] = shape
+    return shapes
+
+
+_MTP_GLOBALS = {  # our MTPHead path -> HF name (fc is transposed: ours is input-first)
+    "pre_fc_norm_embedding/weight": "mtp.pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden/weight": "mtp.pre_fc_norm_hidden.weight",
+    "norm/weight": "mtp.norm.weight",
+}
+
+
+def mtp_from_hf(c: QwenConfig, experts: str) -> dict[str, Callable[[Read], np.ndarray]]:
+    """Our `MTPHead` parameter path -> function building it from full HF names."""
+    m: dict[str, Callable[[Read], np.ndarray]] = {"fc": lambda r: r("mtp.fc.weight").T}
+    for ours, hf in _MTP_GLOBALS.items():
+        m[ours] = lambda r, hf=hf: r(hf)
+    for sub, build in ours_from_hf(c, "full_attention", experts).items():
+        m[f"layer/{sub}"] = lambda r, build=build: build(lambda s: r(MTP_LAYER + s))
+    return m
+
+
+def mtp_to_hf(c: QwenConfig, experts: str) -> dict[str, Callable[[Get], np.ndarray]]:
+    """HF `mtp.*` name -> function building it from our `MTPHead` parameter paths."""
+    m: dict[str, Callable[[Get], np.ndarray]] = {"mtp.fc.weight": lambda g: g("fc").T}
+    for ours, hf in _MTP_GLOBALS.items():
+        m[hf] = lambda g, ours=ours: g(ours)
+    for suffix, build in hf_from_ours(c, "full_attention", experts).items():
+        m[MTP_LAYER + suffix] = lambda g, build=build: build(lambda s: g(f"layer/{s}"))
+    return m

@@ -1,16 +1,29 @@
 """HF safetensors <-> hat-jax `Qwen` conversion, and the `python -m serve.convert` CLI.
 
     load_hf(hf_dir, *, dtype) -> (config, model)
+    load_mtp(hf_dir, *, config=None, dtype=None) -> MTPHead     (the `mtp.*` draft head)
+    has_mtp(hf_dir) -> bool
     save_hf(model, config, out_dir, *, tokenizer_dir=None, dtype="bfloat16", layout=None,
-            expert_layout=None)
+            expert_layout=None, mtp=None)
+    restore_mtp(directory, config) -> MTPHead                    (an Orbax head checkpoint)
 
 Loading reads the (optionally sharded, indexed) safetensors lazily, one parameter at a time:
 each stacked parameter is assembled on the host from its HF tensors and handed to JAX before
 the next is read, so the host holds at most one stacked parameter beyond the model itself.
 It accepts the text-only (`model.`) and vision-language (`model.language_model.`) prefixes
 and fused (`mlp.experts.gate_up_proj`) or per-expert expert tensors, and reports missing,
-unexpected and mis-shaped tensors by name before reading any data. `mtp.*` tensors (the
-MTP draft head) are reported as not loaded; `model.visual.*` (vision tower) is skipped.
+unexpected and mis-shaped tensors by name before reading any data. `model.visual.*` (vision
+tower) is skipped.
+
+The MTP (NextN) draft head of Qwen3.5 is not part of `Qwen`: `load_hf` leaves the `mtp.*`
+tensors alone (logging that they are there) and `load_mtp` reads them into an `MTPHead`, the
+19 tensors of REFERENCE.md (`mtp.fc.weight [H, 2H]`, `mtp.pre_fc_norm_embedding.weight`,
+`mtp.pre_fc_norm_hidden.weight`, `mtp.norm.weight` and one full-attention MoE decoder layer
+`mtp.layers.0.*`, fused or per-expert experts; the names are the same in the text-only and
+the vision-language layout). Grafting a base checkpoint's head onto a trained policy is
+`load_mtp(base_dir, config=policy_config)`: the tensors are checked against the policy's
+shapes and every missing, unexpected or mis-shaped one is named. `save_hf(..., mtp=head)`
+writes the head in the export's expert layout; transformers ignores `mtp.*` when loading.
 
 Saving writes `config.json` explicitly (every field SGLang reads), sharded safetensors with
 `model.safetensors.index.json`, and the tokenizer files of `tokenizer_dir`. Every file goes
@@ -20,9 +33,15 @@ Qwen3-MoE as the text model with per-expert tensors (the only form SGLang's qwen
 loader reads).
 
 CLI:
-    python -m serve.convert from-hf --hf_dir A --out B [--dtype float32]
+    python -m serve.convert from-hf --hf_dir A --out B [--dtype float32] [--no_mtp]
     python -m serve.convert to-hf --checkpoint B --out C [--dtype bfloat16]
         [--layout vl|text] [--expert_layout fused|per_expert] [--tokenizer_dir T]
+        [--mtp HEAD | --no_mtp]
+
+On the Orbax side the head lives beside the parameters: `from-hf` writes it as a second
+`save_params` directory `B/mtp/` (same `model_config.json`); `to-hf` exports `--mtp HEAD` (a
+head checkpoint: `save_params` directory, or a step of the MTP adaptation stage), else
+`B/mtp/` when present.
 """
 
 from __future__ import annotations
@@ -45,12 +64,13 @@ import safetensors.numpy
 from flax import nnx
 from safetensors import safe_open
 
-from models import Qwen, QwenConfig
+from models import MTPHead, Qwen, QwenConfig, check_mtp_config
 from serve import _hf_map
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
+MTP_DIR = "mtp"  # the head's save_params directory beside an Orbax parameter checkpoint
 _TEXT_PREFIX = "model."
 _VL_PREFIX = "model.language_model."
 _SKIPPED_PREFIXES = ("model.visual.", "visual.")
@@ -151,8 +171,8 @@ def _check_names(tensors: _Tensors, expected: Mapping[str, tuple[int, ...]]) -> 
     if problems:
         raise HFCheckpointError(f"{tensors.dir} does not match its config: " + " | ".join(problems))
     if mtp:
-        log.warning("%s: %d mtp.* tensors not loaded (MTP head not yet supported)", tensors.dir,
-                    len(mtp))  # fmt: skip
+        log.info("%s: %d mtp.* tensors (the MTP draft head) left for load_mtp", tensors.dir,
+                 len(mtp))  # fmt: skip
     if skipped:
         log.info("%s: %d vision-tower tensors skipped (language model only)", tensors.dir,
                  len(skipped))  # fmt: skip
@@ -224,23 +244,162 @@ def load_hf(
     plan = _layer_plan(config, tensors, prefix)
     _check_names(tensors, _expected(config, prefix, plan))
 
-    graphdef, state = nnx.split(abstract_model(config))
+    def build(name, shape, np_dtype):
+        return _assemble(config, name, shape, np_dtype, tensors, prefix, plan)
+
+    return config, _fill(abstract_model(config), build, param_dtype, shardings, "load_hf")
+
+
+def _fill(abstract: nnx.Module, build, param_dtype: str, shardings, caller: str) -> nnx.Module:
+    """`abstract` with every parameter built on the host (one at a time) and placed."""
+    graphdef, state = nnx.split(abstract)
     placement = {}
     if shardings is not None:
         placement = {_path_str(p): _leaf(v) for p, v in nnx.to_flat_state(shardings)}
     np_dtype = np.dtype(jnp.dtype(param_dtype))
     for path, var in nnx.to_flat_state(state):
         name = _path_str(path)
-        value = _assemble(config, name, var.shape, np_dtype, tensors, prefix, plan)
+        value = np.asarray(build(name, var.shape, np_dtype), np_dtype)
+        if tuple(value.shape) != tuple(var.shape):
+            raise AssertionError(f"{caller}: built {name} {value.shape}, expected {var.shape}")
         if shardings is not None:
             if name not in placement:
-                raise ValueError(f"load_hf: shardings has no entry for parameter {name}")
+                raise ValueError(f"{caller}: shardings has no entry for parameter {name}")
             array = jax.device_put(value, placement[name])
         else:
             array = jnp.asarray(value)
         del value
         var.set_value(array)
-    return config, nnx.merge(graphdef, state)
+    return nnx.merge(graphdef, state)
+
+
+# -- the MTP draft head ------------------------------------------------------------------------
+
+
+def has_mtp(hf_dir: os.PathLike | str) -> bool:
+    """Whether an HF directory holds `mtp.*` tensors (an MTP draft head)."""
+    names = _Tensors(pathlib.Path(hf_dir)).weight_map
+    return any(n.startswith(_hf_map.MTP_PREFIX) for n in names)
+
+
+def abstract_mtp(config: QwenConfig) -> MTPHead:
+    """The draft head's structure with `jax.ShapeDtypeStruct` leaves: nothing allocated."""
+    return nnx.eval_shape(lambda: MTPHead(config, rngs=nnx.Rngs(0)))
+
+
+def _check_mtp_names(tensors: _Tensors, config: QwenConfig) -> str:
+    """The head's expert layout; raises `HFCheckpointError` naming every bad `mtp.*` tensor."""
+    present = {n for n in tensors.weight_map if n.startswith(_hf_map.MTP_PREFIX)}
+    if not present:
+        raise HFCheckpointError(
+            f"{tensors.dir} holds no mtp.* tensors (no MTP draft head): graft one from a base "
+            "checkpoint that has it, or start the head from random initialisation"
+        )
+    per_expert = f"{_hf_map.MTP_LAYER}mlp.experts.0.gate_proj.weight" in present
+    fused = f"{_hf_map.MTP_LAYER}mlp.experts.gate_up_proj" in present
+    experts = "per_expert" if per_expert and not fused else "fused"
+    expected = _hf_map.mtp_shapes(config, experts)
+    missing = sorted(set(expected) - present)
+    extra = sorted(present - set(expected))
+    shapes = [
+        f"{n}: file {tensors.shape(n)} vs expected {s}"
+        for n, s in expected.items()
+        if n in present and tensors.shape(n) != s
+    ]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing: {', '.join(missing[:40])}")
+    if extra:
+        problems.append(f"{len(extra)} unexpected: {', '.join(extra[:40])}")
+    if shapes:
+        problems.append(f"{len(shapes)} mis-shaped: {'; '.join(shapes[:40])}")
+    if problems:
+        raise HFCheckpointError(
+            f"{tensors.dir}: the MTP head does not match the model config "
+            f"(hidden {config.hidden_size}, {config.num_experts} experts): " + " | ".join(problems)
+        )
+    return experts
+
+
+def load_mtp(
+    hf_dir: os.PathLike | str,
+    *,
+    config: QwenConfig | None = None,
+    dtype: Any = None,
+    compute_dtype: Any = None,
+    shardings: Any = None,
+    **runtime: Any,
+) -> MTPHead:
+    """Loads the MTP draft head (the 19 `mtp.*` tensors) of an HF Qwen3.5-MoE directory.
+
+    Grafting: pass the `config` of the (trained) policy the head is to serve; the tensors
+    are then checked against that policy's shapes, so a head from a base checkpoint of
+    another size is refused with every offending tensor named.
+
+    Args:
+        hf_dir: an HF directory (text-only or vision-language layout, fused or per-expert
+            expert tensors, sharded with an index or not).
+        config: the policy's config (default: the directory's own `config.json`).
+        dtype: parameter dtype (default: `config.param_dtype`, float32 from the directory).
+        compute_dtype: the config's `dtype` (default: `dtype`, or the given config's).
+        shardings: a state of `jax.sharding.Sharding`s with the head's structure (e.g.
+            `hat_jax.sharding.state_shardings` of `abstract_mtp(config)`).
+        **runtime: other runtime fields of `QwenConfig`.
+
+    Raises:
+        HFCheckpointError: no `mtp.*` tensors, or missing / unexpected / mis-shaped ones.
+        ValueError: the config's family has no MTP head.
+    """
+    hf_dir = pathlib.Path(hf_dir)
+    if config is None:
+        param_dtype = _dtype_name(dtype or "float32")
+        config = QwenConfig.from_hf(
+            hf_dir, param_dtype=param_dtype, dtype=_dtype_name(compute_dtype or param_dtype)
+        )
+    else:
+        param_dtype = _dtype_name(dtype or config.param_dtype)
+        config = config.replace(
+            param_dtype=param_dtype, dtype=_dtype_name(compute_dtype or dtype or config.dtype)
+        )
+    config = config.replace(**runtime) if runtime else config
+    try:
+        check_mtp_config(config)
+    except ValueError as err:
+        raise HFCheckpointError(f"{hf_dir}: {err}") from err
+    tensors = _Tensors(hf_dir)
+    builders = _hf_map.mtp_from_hf(config, _check_mtp_names(tensors, config))
+
+    def build(name, shape, np_dtype):
+        return builders[name](tensors.read)
+
+    return _fill(abstract_mtp(config), build, param_dtype, shardings, "load_mtp")
+
+
+def restore_mtp(directory: os.PathLike | str, config: QwenConfig, *, target: Any = None) -> MTPHead:
+    """Restores an `MTPHead` from an Orbax checkpoint of the head.
+
+    Args:
+        directory: a `save_params` directory of the head (e.g. `<checkpoint>/mtp`, or the
+            adaptation stage's `<run>/head`), or a step directory of the adaptation stage
+            (whose `params` item is `{"head": ...}`).
+        config: the policy's config (the head has the same).
+        target: the head's abstract parameter state with shardings (default: host-local).
+    """
+    from hat_jax.checkpoint import CheckpointMismatchError, restore_params
+
+    check_mtp_config(config)
+    graphdef, abstract = nnx.split(abstract_mtp(config))
+    target = abstract if target is None else target
+    try:
+        state, _ = restore_params(directory, target=target)
+    except CheckpointMismatchError as err:
+        try:
+            nested, _ = restore_params(directory, target={"head": nnx.to_pure_dict(target)})
+        except CheckpointMismatchError:
+            raise err from None
+        state = jax.tree.map(lambda x: x, target)
+        nnx.replace_by_pure_dict(state, nested["head"])
+    return nnx.merge(graphdef, state)
 
 
 def _leaf(value: Any) -> Any:
@@ -332,6 +491,7 @@ def save_hf(
     expert_layout: str | None = None,
     max_shard_bytes: int = 5 * 2**30,
     extra_tensors: Mapping[str, np.ndarray] | None = None,
+    mtp: MTPHead | None = None,
     overwrite: bool = True,
 ) -> pathlib.Path:
     """Writes `model` as an HF directory that transformers and SGLang load.
@@ -345,7 +505,9 @@ def save_hf(
             or "text" (`model.` prefix; the only layout of Qwen3-MoE).
         expert_layout: "fused" (Qwen3.5 default) or "per_expert" (Qwen3-MoE default).
         max_shard_bytes: size bound of each safetensors file.
-        extra_tensors: more tensors to write as they are (e.g. the `mtp.*` draft head).
+        extra_tensors: more tensors to write as they are.
+        mtp: an MTP draft head for this model: written as the 19 `mtp.*` tensors, its experts
+            in `expert_layout` (Qwen3.5 only).
         overwrite: allow an existing non-empty `out_dir`.
 
     Returns:
@@ -368,6 +530,12 @@ def save_hf(
     prefix = _VL_PREFIX if layout == "vl" else _TEXT_PREFIX
     state = {_path_str(p): v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     items = _tensor_plan(config, prefix, expert_layout)
+    if mtp is not None:
+        items.extend(_mtp_items(mtp, config, expert_layout))
+    planned = {item[0] for item in items}
+    clash = sorted(planned & set(extra_tensors or {}))
+    if clash:
+        raise ValueError(f"save_hf: extra_tensors repeat tensors already written: {clash[:10]}")
     for name, value in (extra_tensors or {}).items():
         items.append((name, tuple(value.shape), None, lambda _g, v=value: np.asarray(v)))
     shards = _shards(items, np_dtype.itemsize, max_shard_bytes)
@@ -388,6 +556,25 @@ def save_hf(
     if tokenizer_dir is not None:
         _copy_tokenizer(pathlib.Path(tokenizer_dir), out)
     return out
+
+
+def _mtp_items(mtp: MTPHead, config: QwenConfig, expert_layout: str) -> list[tuple]:
+    """The head's `mtp.*` tensors as `_tensor_plan` items (built from the head's own state)."""
+    check_mtp_config(config)
+    state = {_path_str(p): v for p, v in nnx.to_flat_state(nnx.state(mtp, nnx.Param))}
+    ours = {k: tuple(v.shape) for k, v in nnx.to_flat_state(nnx.state(abstract_mtp(config)))}
+    theirs = {k: tuple(v.get_value().shape) for k, v in state.items()}
+    if {_path_str(k): s for k, s in ours.items()} != theirs:
+        raise ValueError("save_hf: the MTP head's parameters do not match the model config")
+
+    def get(path: str) -> np.ndarray:
+        return np.asarray(jax.device_get(state[path].get_value()))
+
+    shapes = _hf_map.mtp_shapes(config, expert_layout)
+    return [
+        (name, shapes[name], None, lambda _g, build=build: build(get))
+        for name, build in _hf_map.mtp_to_hf(config, expert_layout).items()
+    ]
 
 
 def _copy_tokenizer(src: pathlib.Path, out: pathlib.Path) -> None:
@@ -412,7 +599,13 @@ def _from_hf(args: argparse.Namespace) -> None:
     config, model = load_hf(args.hf_dir, dtype=args.dtype)
     save_params(args.out, nnx.state(model, nnx.Param), model_config=config.to_dict(),
                 overwrite=args.overwrite)  # fmt: skip
-    print(f"wrote {args.out} ({config.family}, {config.num_layers} layers)")
+    head = ""
+    if not args.no_mtp and config.is_qwen3_5 and has_mtp(args.hf_dir):
+        mtp = load_mtp(args.hf_dir, config=config)
+        save_params(pathlib.Path(args.out) / MTP_DIR, nnx.state(mtp, nnx.Param),
+                    model_config=config.to_dict(), overwrite=True)  # fmt: skip
+        head = f", MTP head in {pathlib.Path(args.out) / MTP_DIR}"
+    print(f"wrote {args.out} ({config.family}, {config.num_layers} layers{head})")
 
 
 def _to_hf(args: argparse.Namespace) -> None:
@@ -422,9 +615,16 @@ def _to_hf(args: argparse.Namespace) -> None:
     graphdef, abstract_state = nnx.split(abstract_model(config))
     state, _ = restore_params(args.checkpoint, target=abstract_state)
     model = nnx.merge(graphdef, state)
+    mtp_dir = args.mtp
+    beside = pathlib.Path(args.checkpoint) / MTP_DIR
+    if mtp_dir is None and beside.is_dir() and not args.no_mtp:
+        mtp_dir = str(beside)
+    if mtp_dir and args.no_mtp:
+        raise SystemExit("to-hf: --mtp and --no_mtp exclude each other")
+    mtp = restore_mtp(mtp_dir, config) if mtp_dir else None
     save_hf(model, config, args.out, tokenizer_dir=args.tokenizer_dir, dtype=args.dtype,
-            layout=args.layout, expert_layout=args.expert_layout)  # fmt: skip
-    print(f"wrote {args.out}")
+            layout=args.layout, expert_layout=args.expert_layout, mtp=mtp)  # fmt: skip
+    print(f"wrote {args.out}" + (f" (MTP head from {mtp_dir})" if mtp_dir else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -437,6 +637,7 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--out", required=True)
     a.add_argument("--dtype", default="float32", help="parameter dtype (default float32)")
     a.add_argument("--overwrite", action="store_true")
+    a.add_argument("--no_mtp", action="store_true", help="do not carry the mtp.* draft head")
     a.set_defaults(run=_from_hf)
     b = sub.add_parser("to-hf", help="Orbax parameter checkpoint -> HF directory")
     b.add_argument("--checkpoint", required=True)
@@ -445,6 +646,12 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--layout", choices=("vl", "text"), default=None)
     b.add_argument("--expert_layout", choices=("fused", "per_expert"), default=None)
     b.add_argument("--tokenizer_dir", default=None)
+    b.add_argument(
+        "--mtp",
+        default=None,
+        help="MTP head checkpoint to export (default: <checkpoint>/mtp if present)",
+    )
+    b.add_argument("--no_mtp", action="store_true", help="export without the draft head")
     b.set_defaults(run=_to_hf)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
