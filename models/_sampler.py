@@ -139,6 +139,8 @@ class Sampler:
         decode_overrides: runtime `QwenConfig` fields for the decode steps only, e.g.
             `{"moe_dispatch": "dense"}` (per-token steps route a handful of tokens, where the
             block-padded sorted dispatch wastes most of its rows); prefill keeps the model's.
+        max_length: the cap on prompt plus generated tokens per row (default: the model's
+            `max_position_embeddings`); buckets never exceed it and longer requests fail.
     """
 
     def __init__(
@@ -150,13 +152,19 @@ class Sampler:
         pad_id: int = 0,
         min_bucket: int = 16,
         decode_overrides: Mapping[str, Any] | None = None,
+        max_length: int | None = None,
     ):
+        max_length = max_length or model.config.max_position_embeddings
+        if min_bucket < 1 or max_length < 2:
+            raise ValueError(
+                f"Sampler: need min_bucket >= 1 and max_length >= 2, got {min_bucket}, {max_length}"
+            )
         if num_draft_tokens < 0:
             raise ValueError(f"Sampler: num_draft_tokens={num_draft_tokens} must be >= 0")
         if num_draft_tokens and mtp is None:
             raise ValueError("Sampler: num_draft_tokens > 0 needs an MTP head (mtp=...)")
         self.num_draft_tokens = num_draft_tokens
-        self.pad_id, self.min_bucket = pad_id, min_bucket
+        self.pad_id, self.min_bucket, self.max_length = pad_id, min_bucket, max_length
         self.vocab_size = model.config.vocab_size
         self._graphs = (
             nnx.graphdef(model),
@@ -188,22 +196,37 @@ class Sampler:
             head_state = nnx.state(mtp)
         self._states = (target_state, head_state)
 
+    def _check(self, prompts, max_new, stop_tokens) -> None:
+        """Raises ValueError naming the first bad row or value."""
+        for i, (p, n) in enumerate(zip(prompts, max_new)):
+            if len(p) < 1:
+                raise ValueError(f"Sampler: prompt {i} is empty (every prompt needs a token)")
+            if n < 1:
+                raise ValueError(f"Sampler: max_new_tokens of row {i} is {n}; it must be >= 1")
+            if len(p) + n > self.max_length:
+                raise ValueError(
+                    f"Sampler: row {i} needs {len(p)} prompt + {n} new tokens = {len(p) + n} "
+                    f"> max_length={self.max_length}"
+                )
+            bad = p[(p < 0) | (p >= self.vocab_size)]
+            if bad.size:
+                raise ValueError(
+                    f"Sampler: prompt {i} has token ids {bad[:5].tolist()} outside "
+                    f"[0, {self.vocab_size})"
+                )
+        bad_stops = [t for t in stop_tokens if not 0 <= t < self.vocab_size]
+        if bad_stops:
+            raise ValueError(f"Sampler: stop tokens {bad_stops} outside [0, {self.vocab_size})")
+
     def _request(self, prompts, max_new, sampling, stop_tokens) -> tuple[loop.Request, int]:
         batch = len(prompts)
         rows_b = bucket(batch, 1)
         lengths = [len(p) for p in prompts]
-        if min(lengths) < 1:
-            raise ValueError("Sampler: every prompt needs at least one token")
-        if min(max_new) < 1:
-            raise ValueError(f"Sampler: max_new_tokens must be >= 1, got {min(max_new)}")
-        length_b = bucket(max(lengths), self.min_bucket)
-        gen_b = bucket(max(max_new), self.min_bucket)
+        length_b = min(bucket(max(lengths), self.min_bucket), self.max_length)
+        gen_b = min(bucket(max(max_new), self.min_bucket), self.max_length)
         ids = np.full((rows_b, length_b), self.pad_id, np.int32)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = p
-        too_big = [t for p in prompts for t in p if not 0 <= t < self.vocab_size]
-        if too_big:
-            raise ValueError(f"Sampler: token ids {too_big[:5]} outside [0, {self.vocab_size})")
         fill = rows_b - batch  # dummy rows: one pad token, one step
         stops = np.full((bucket(max(len(stop_tokens), 1), 4),), -1, np.int32)
         stops[: len(stop_tokens)] = stop_tokens
@@ -236,16 +259,27 @@ class Sampler:
             seed: PRNG seed (or key) of this call.
             strategy: a custom `Strategy` (hashable) instead of the standard one.
         """
-        prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
+        prompts = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
         if not prompts:
             raise ValueError("Sampler: no prompts")
         batch = len(prompts)
-        max_new = [max_new_tokens] * batch if isinstance(max_new_tokens, int) else max_new_tokens
+        if np.ndim(max_new_tokens) == 0:
+            max_new = [int(max_new_tokens)] * batch
+        else:
+            max_new = [int(n) for n in max_new_tokens]
         rows = [sampling] * batch if isinstance(sampling, Sampling) else list(sampling)
         if len(max_new) != batch or len(rows) != batch:
-            raise ValueError(f"Sampler: per-row max_new_tokens / sampling need {batch} entries")
-        req, gen_slots = self._request(prompts, list(max_new), rows, list(stop_tokens))
-        key = jax.random.key(seed) if isinstance(seed, int) else seed
+            raise ValueError(
+                f"Sampler: {batch} prompts but {len(max_new)} max_new_tokens and {len(rows)} "
+                "sampling settings"
+            )
+        if not all(isinstance(r, Sampling) for r in rows):
+            raise TypeError("Sampler: sampling must be a models.Sampling or a list of them")
+        stop_tokens = [int(t) for t in stop_tokens]
+        self._check(prompts, max_new, stop_tokens)
+        prompts = [p.astype(np.int32) for p in prompts]
+        req, gen_slots = self._request(prompts, max_new, rows, stop_tokens)
+        key = seed if isinstance(seed, jax.Array) else jax.random.key(int(seed))
         state = self._compiled(
             self._graphs,
             self._states,

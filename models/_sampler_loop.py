@@ -112,11 +112,10 @@ def _emit(out: Buffers, tokens, logprobs, policy_logprobs, count, req: Request) 
     )
 
 
-def _scores(strategy: Strategy, logits, params, tokens):
-    """(sampling log-probs [.., V], log-prob of tokens under them, under the raw policy)."""
-    logp = strategy(logits, params)
+def _scores(logp, logits, tokens):
+    """(log-prob of tokens under the sampling log-probs `logp`, under the raw policy)."""
     raw = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return logp, token_logprob(logp, tokens), token_logprob(raw, tokens)
+    return token_logprob(logp, tokens), token_logprob(raw, tokens)
 
 
 def _gather_rows(x: jax.Array, index: jax.Array) -> jax.Array:
@@ -134,7 +133,7 @@ def prefill(target, req: Request, cache: Cache, key, strategy: Strategy, gen_slo
     key, sub = jax.random.split(key)
     logp = strategy(logits, req.params)
     token = sample(sub, logp)
-    _, lp, plp = _scores(strategy, logits, req.params, token)
+    lp, plp = _scores(logp, logits, token)
     empty = Buffers(
         tokens=jnp.zeros((batch, gen_slots), jnp.int32),
         logprobs=jnp.zeros((batch, gen_slots), jnp.float32),
@@ -158,7 +157,7 @@ def plain_step(target, req: Request, strategy: Strategy, state: LoopState) -> Lo
     logits = out.logits[:, 0]
     logp = strategy(logits, req.params)
     token = sample(sub, logp)
-    _, lp, plp = _scores(strategy, logits, req.params, token)
+    lp, plp = _scores(logp, logits, token)
     ones = jnp.ones_like(token)
     buffers = _emit(state.out, token[:, None], lp[:, None], plp[:, None], ones, req)
     return dataclasses.replace(
@@ -218,7 +217,7 @@ def speculative_step(head, target, req, strategy, k: int, state: LoopState) -> L
     accepted, token = speculative_accept(sub_accept, target_logp, draft_logp, drafts)
     rows = jnp.arange(block.shape[0])
     emitted = jnp.concatenate([drafts, drafts[:, :1]], axis=1).at[rows, accepted].set(token)
-    _, lp, plp = _scores(strategy, out.logits, req.params, emitted)
+    lp, plp = _scores(target_logp, out.logits, emitted)
     live = ~state.out.done
     buffers = _emit(state.out, emitted, lp, plp, accepted + 1, req)
     draft = DraftState(
