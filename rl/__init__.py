@@ -1,7 +1,17 @@
 """Reinforcement learning and distillation: live-room simulator, rewards, advantage and loss
-math (pure functions), on-policy distillation and rollouts. Holds no mesh axis names."""
+math (pure functions), on-policy distillation and rollouts. Holds no mesh axis names.
+
+MTP draft-head adaptation (`rl._mtp_stage`, `rl._mtp_rollouts`): `run_mtp(MTPConfig(...),
+model_config=, run_dir=, prompts=, eval_prompts=, init_policy=, init_head=) -> MTPResult`
+(policy frozen, head trained on the policy's own rollouts; before/after loss, acceptance and
+simulated acceptance length), `mtp_stage_loss`, `Drafter`, `RolloutConfig`, `RolloutPool`,
+`generate_rollouts`, `MTP_RANDOM` (explicit random initialisation). CLI: `python -m launch.mtp`.
+"""
 
 from rl import advantages, distill, losses, rewards, sim
+from rl._mtp_rollouts import RolloutConfig, RolloutPool, generate_rollouts
+from rl._mtp_stage import RANDOM as MTP_RANDOM
+from rl._mtp_stage import Drafter, MTPConfig, MTPResult, mtp_stage_loss, run_mtp
 from rl.advantages import (
     REPLY,
     REWARD_DIMS,
@@ -68,6 +78,16 @@ __all__ = [
     "reverse_kl",
     "sampled_reverse_kl_loss",
     "token_reverse_kl",
+    # MTP draft-head adaptation stage
+    "MTP_RANDOM",
+    "Drafter",
+    "MTPConfig",
+    "MTPResult",
+    "RolloutConfig",
+    "RolloutPool",
+    "generate_rollouts",
+    "mtp_stage_loss",
+    "run_mtp",
     # simulator and rewards (see rl.sim and rl.rewards for their names)
     "LiveRoom",
     "RewardVector",

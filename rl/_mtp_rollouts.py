@@ -1,0 +1,179 @@
+"""Rollouts of a frozen policy for MTP draft-head adaptation, and the pool the trainer reads.
+
+The adaptation stage trains the draft head on what the *policy* writes (paper App. H): prompts
+from the data pipeline (e.g. `data.opd_prompt_data` batches: `prompt_ids [b, P]` right-padded,
+`prompt_lengths [b]`) are continued by `models.Sampler`, and each prompt + completion becomes
+one training row with the sampled-token mask as its loss mask, so only tokens the policy
+produced are ever predicted. No reward is involved.
+
+`RolloutPool` holds those rows and serves them as a `hat_jax.train.DataSource`: a fixed number
+of rows per step, reshuffled every epoch from the seed, resumable from `get_state()`. Pools are
+saved as `.npz` files (atomically) so a resumed run trains on the very same rollouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+import models
+from hat_jax import files
+
+ROW_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """How the frozen policy is sampled for the adaptation stage.
+
+    Attributes:
+      batches: sampler calls (prompt batches) for the training pool.
+      eval_batches: sampler calls on held-out prompts for the before/after metrics.
+      max_new_tokens: completion length limit per row.
+      temperature, top_k, top_p: the policy's sampling settings (the deployment ones: the
+        head is judged on the distribution it will draft for).
+      seed: sampler seed; call i of the training pool uses `seed + i`, held-out calls
+        `seed + 100_003 + i`.
+    """
+
+    batches: int = 8
+    eval_batches: int = 2
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        bad = {k: getattr(self, k) for k in ("batches", "eval_batches", "max_new_tokens")
+               if getattr(self, k) < 1}  # fmt: skip
+        if bad:
+            raise ValueError(f"RolloutConfig: values must be >= 1: {bad}")
+        self.sampling()  # validates temperature / top_k / top_p
+
+    def sampling(self) -> models.Sampling:
+        return models.Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+def _prompt_lists(batch: Mapping[str, np.ndarray]) -> list[list[int]]:
+    if "prompt_ids" not in batch or "prompt_lengths" not in batch:
+        raise ValueError(
+            f"rollouts: a prompt batch needs 'prompt_ids' and 'prompt_lengths', got {sorted(batch)}"
+        )
+    ids, lengths = np.asarray(batch["prompt_ids"]), np.asarray(batch["prompt_lengths"])
+    return [ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+
+
+def generate_rollouts(
+    sampler: models.Sampler,
+    prompts: Iterator[Mapping[str, np.ndarray]],
+    *,
+    count: int,
+    config: RolloutConfig,
+    seq_len: int,
+    stop_tokens: tuple[int, ...] = (),
+    seed_offset: int = 0,
+) -> dict[str, np.ndarray]:
+    """Samples `count` prompt batches and returns their rows (`ROW_KEYS`, [N, seq_len]),
+    `prompt_lengths` [N] and the counts `rollouts`, `sampled_tokens`, `stopped`.
+
+    Raises:
+      ValueError: the prompts run out, or a prompt plus `max_new_tokens` exceeds `seq_len`.
+    """
+    rows: list[dict[str, np.ndarray]] = []
+    stats = {"rollouts": 0, "sampled_tokens": 0, "stopped": 0}
+    for i in range(count):
+        try:
+            batch = next(prompts)
+        except StopIteration:
+            raise ValueError(
+                f"rollouts: the prompt source ended after {i} of {count} batches"
+            ) from None
+        lists = _prompt_lists(batch)
+        longest = max(len(p) for p in lists) + config.max_new_tokens
+        if longest > seq_len:
+            raise ValueError(
+                f"rollouts: a prompt of {longest - config.max_new_tokens} tokens plus "
+                f"max_new_tokens={config.max_new_tokens} exceeds trainer.seq_len={seq_len}"
+            )
+        out = sampler(lists, max_new_tokens=config.max_new_tokens, sampling=config.sampling(),
+                      stop_tokens=stop_tokens, seed=config.seed + seed_offset + i)  # fmt: skip
+        laid = out.rows(seq_len)
+        laid["loss_mask"] = laid.pop("sampled_mask")
+        laid["prompt_lengths"] = np.asarray([len(p) for p in lists])
+        rows.append({k: laid[k].astype(np.int32) for k in (*ROW_KEYS, "prompt_lengths")})
+        stats["rollouts"] += len(lists)
+        stats["sampled_tokens"] += int(out.lengths.sum())
+        stats["stopped"] += int(out.stopped.sum())
+    pool = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+    pool.update({k: np.asarray(v, np.int64) for k, v in stats.items()})
+    return pool
+
+
+def save_pool(path: os.PathLike | str, pool: Mapping[str, np.ndarray]) -> pathlib.Path:
+    """Writes a rollout pool as `.npz`, atomically."""
+    with files.atomic_open(path, "wb") as f:
+        np.savez(f, **pool)
+    return pathlib.Path(path)
+
+
+def load_pool(path: os.PathLike | str) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+class RolloutPool:
+    """Rollout rows served `batch_size` at a time, reshuffled each epoch (a `DataSource`).
+
+    Args:
+      pool: arrays with `ROW_KEYS` ([N, T] each), e.g. from `generate_rollouts`.
+      batch_size: rows per batch (process-local).
+      seed: shuffling seed.
+      shuffle: reshuffle every epoch (else the pool order, e.g. for evaluation).
+    """
+
+    def __init__(self, pool: Mapping[str, np.ndarray], *, batch_size: int, seed: int = 0,
+                 shuffle: bool = True):  # fmt: skip
+        self.rows = {k: np.asarray(pool[k], np.int32) for k in ROW_KEYS}
+        self.size = len(self.rows["input_ids"])
+        if batch_size < 1 or batch_size > self.size:
+            raise ValueError(f"RolloutPool: batch_size {batch_size} for a pool of {self.size} rows")
+        self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
+        self._next = 0  # rows served so far
+
+    def __iter__(self) -> RolloutPool:
+        return self
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.size)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        picks = []
+        for n in range(self._next, self._next + self.batch_size):
+            epoch, index = divmod(n, self.size)
+            picks.append(self._order(epoch)[index])
+        self._next += self.batch_size
+        return {k: v[np.asarray(picks)] for k, v in self.rows.items()}
+
+    def batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """One pass over the pool in order (whole batches only), e.g. for evaluation."""
+        for start in range(0, self.size - self.batch_size + 1, self.batch_size):
+            yield {k: v[start : start + self.batch_size] for k, v in self.rows.items()}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"next_row": self._next, "rows": self.size, "seed": self.seed}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        if int(state["rows"]) != self.size or int(state["seed"]) != self.seed:
+            raise ValueError(
+                f"RolloutPool: state for {state['rows']} rows / seed {state['seed']}, this pool "
+                f"has {self.size} rows / seed {self.seed}"
+            )
+        self._next = int(state["next_row"])
