@@ -285,10 +285,8 @@ def _pools(run_dir, sampler, prompts, eval_prompts, config, seq_len, stop_tokens
     return out
 
 
-def _speculative(policy, head, pool, config: MTPConfig, stop_tokens, pad_id) -> float:
+def _speculative(sampler: models.Sampler, pool, config: MTPConfig, stop_tokens) -> float:
     """Mean acceptance length of real self-speculative decoding on the held-out prompts."""
-    sampler = models.Sampler(policy, mtp=head, num_draft_tokens=config.num_draft_tokens,
-                             pad_id=pad_id)  # fmt: skip
     prompts = [row[:n].tolist() for row, n in zip(pool["input_ids"], pool["prompt_lengths"])]
     out = sampler(prompts, max_new_tokens=config.rollout.max_new_tokens,
                   sampling=config.rollout.sampling(), stop_tokens=stop_tokens,
@@ -376,14 +374,16 @@ def run_mtp(
     eval_fn = make_eval_step(scored, graphdef=graphdef, state_shardings=shardings,
                              batch_shardings=batch_shardings)  # fmt: skip
 
-    before_path = run_dir / "mtp_before.json"
+    before_path, speculative = run_dir / "mtp_before.json", None
     if before_path.is_file():
         before = json.loads(before_path.read_text())
     else:
         before = _evaluate(eval_fn, state, eval_pool, mesh)
         if config.measure_speculative:
+            speculative = models.Sampler(policy, mtp=head, pad_id=pad_id,
+                                         num_draft_tokens=config.num_draft_tokens)  # fmt: skip
             before["speculative_acceptance_length"] = _speculative(
-                policy, head, heldout_rows, config, stop_tokens, pad_id
+                speculative, heldout_rows, config, stop_tokens
             )
         files.write_json(before_path, before)
     _log.info("before: %s", before)
@@ -403,8 +403,12 @@ def run_mtp(
     _log.info("after %d steps: %s", trainer.step, after)
     adapted = nnx.merge(graphdef, state.params, state.model_state)
     if config.measure_speculative:  # the step donated `policy`'s buffers: use the state's
+        if speculative is None:
+            speculative = models.Sampler(adapted.policy, mtp=adapted.head, pad_id=pad_id,
+                                         num_draft_tokens=config.num_draft_tokens)  # fmt: skip
+        speculative.update(model=adapted.policy, mtp=adapted.head)  # same program, new weights
         after["speculative_acceptance_length"] = _speculative(
-            adapted.policy, adapted.head, heldout_rows, config, stop_tokens, pad_id
+            speculative, heldout_rows, config, stop_tokens
         )
     head_dir = save_params(run_dir / "head", nnx.state(adapted.head, nnx.Param),
                            model_config=model_config.to_dict(), overwrite=True)  # fmt: skip
