@@ -1,0 +1,131 @@
+"""`rl.JaxPolicy`: the Harness policy interface on a local model (tiny random Qwen3.5 and the
+bundled demo tokenizer).
+
+- A live-room episode runs end to end; every model call's token ids round-trip: the rendered
+  prompt plus the generated ids decode to the prompt text plus the text the turn reports, and
+  the log-probs are per token.
+- Stopping at `<|im_end|>` and at the harness's max_tokens; rows of a batch are independent;
+  new weights are taken without recompiling.
+"""
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from data.tokenizer import load_tokenizer
+from hat_jax import chat_format
+from hat_jax import harness as hx
+from models import Qwen, QwenConfig
+from rl import JaxPolicy
+from rl.sim import LiveRoom, SimConfig
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_price",
+            "description": "Price of a product.",
+            "parameters": {
+                "type": "object",
+                "properties": {"product": {"type": "string"}},
+                "required": ["product"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    # The live room's system turn is ~4K demo tokens.
+    config = QwenConfig.preset(
+        "tiny", vocab_size=len(tokenizer), moe_dispatch="dense", max_position_embeddings=8192
+    )
+    return Qwen(config, rngs=nnx.Rngs(0))
+
+
+def _conversation(question: str) -> list[dict]:
+    return [
+        {"role": "system", "content": "You sell things in a live room."},
+        {"role": "user", "content": question},
+    ]
+
+
+@pytest.mark.slow
+def test_live_room_episode_round_trips_token_ids(model, tokenizer):
+    policy = JaxPolicy(model, tokenizer)
+    # One model round keeps the test short; no time budget (the first call compiles).
+    room = LiveRoom(SimConfig(limits=hx.Limits(max_rounds=1, budget_s=3600)))
+    sampling = hx.SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=3)
+    episode = room.run(policy, seed=0, sampling=sampling)
+    calls = episode.trajectory.model_calls
+    assert calls and all(c.error is None for c in calls)
+    schemas = hx.tool_schemas(episode.state)
+    for call in calls:
+        out = call.output
+        ids = out["token_ids"]
+        assert 1 <= len(ids) <= 12 and len(out["logprobs"]) == len(ids)
+        assert all(np.isfinite(x) and x <= 0 for x in out["logprobs"])
+        text = chat_format.render(call.messages, schemas, add_generation_prompt=True)
+        prompt = policy.prompt_ids(call.messages, schemas)
+        assert tokenizer.decode(prompt, skip_special_tokens=False) == text
+        decoded = tokenizer.decode(prompt + ids, skip_special_tokens=False)
+        assert decoded == text + out["raw_text"]
+    assert episode.rewards is not None
+
+
+@pytest.mark.slow
+def test_turns_stop_at_im_end_and_max_tokens(model, tokenizer):
+    policy = JaxPolicy(model, tokenizer)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in policy.stop_tokens
+    conversations = [
+        (_conversation("How much is the thermos?"), TOOLS),
+        (_conversation("Do you ship abroad? Tell me everything about shipping."), []),
+    ]
+    greedy = hx.SamplingParams(temperature=0.0, max_tokens=9, enable_thinking=False)
+    turns = policy.generate_batch(conversations, greedy)
+    out = policy.last_output
+    for i, turn in enumerate(turns):
+        ids = list(turn.token_ids)
+        assert len(ids) == 9 or ids[-1] in policy.stop_tokens
+        assert im_end not in ids[:-1]
+        assert turn.raw_text == tokenizer.decode(ids, skip_special_tokens=False)
+        assert len(turn.logprobs) == len(ids)
+        np.testing.assert_allclose(turn.logprobs, out.policy_logprobs[i, : len(ids)])
+    # Rows are independent: the batch in the other order gives the same greedy turns.
+    for turn, other in zip(turns, reversed(policy.generate_batch(conversations[::-1], greedy))):
+        assert other.token_ids == turn.token_ids
+        np.testing.assert_allclose(other.logprobs, turn.logprobs, atol=1e-5)
+
+    # The model with the LM-head columns of its first greedy token and <|im_end|> swapped
+    # says <|im_end|> at once: an empty reply ending on the stop token.
+    first = turns[0].token_ids[0]
+    graphdef, state = nnx.split(model)
+    swapped = nnx.merge(graphdef, state)
+    head = np.array(model.lm_head[...])
+    head[:, [first, im_end]] = head[:, [im_end, first]]
+    swapped.lm_head[...] = head
+    forced = JaxPolicy(swapped, tokenizer, sampler=policy.sampler)
+    forced.update(swapped)
+    turn = forced.generate_batch(conversations, greedy)[0]
+    assert turn.token_ids == (im_end,) and turn.raw_text == "<|im_end|>"
+    assert turn.content == "" and not turn.tool_calls and forced.last_output.stopped[0]
+    assert policy.sampler.compilations == 1  # new weights, same program
+
+
+def test_bad_settings_fail_clearly(model, tokenizer):
+    policy = JaxPolicy(model, tokenizer)
+    with pytest.raises(hx.PolicyError, match="max_tokens=0"):
+        policy.generate(_conversation("Hi"), [], hx.SamplingParams(max_tokens=0))
+    long = _conversation("word " * 9000)
+    with pytest.raises(hx.PolicyError, match="no room to generate"):
+        policy.generate(long, [], hx.SamplingParams(max_tokens=4))
+    small = nnx.eval_shape(lambda: Qwen(model.config.replace(vocab_size=64), rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match="vocab_size"):
+        JaxPolicy(small, tokenizer)
