@@ -6,9 +6,13 @@ model_config=, run_dir=, prompts=, eval_prompts=, init_policy=, init_head=) -> M
 (policy frozen, head trained on the policy's own rollouts; before/after loss, acceptance and
 simulated acceptance length), `mtp_stage_loss`, `Drafter`, `RolloutConfig`, `RolloutPool`,
 `generate_rollouts`, `MTP_RANDOM` (explicit random initialisation). CLI: `python -m launch.mtp`.
+
+Local policy: `JaxPolicy(model, tokenizer)` is a `hat_jax.harness.PolicyModel` sampling from a
+`models.Qwen` with `models.Sampler` (`generate`, and `generate_batch` for group rollouts).
 """
 
 from rl import advantages, distill, losses, rewards, sim
+from rl._jax_policy import JaxPolicy
 from rl._mtp_rollouts import RolloutConfig, RolloutPool, generate_rollouts
 from rl._mtp_stage import RANDOM as MTP_RANDOM
 from rl._mtp_stage import Drafter, MTPConfig, MTPResult, mtp_stage_loss, run_mtp
@@ -88,6 +92,8 @@ __all__ = [
     "generate_rollouts",
     "mtp_stage_loss",
     "run_mtp",
+    # local policy
+    "JaxPolicy",
     # simulator and rewards (see rl.sim and rl.rewards for their names)
     "LiveRoom",
     "RewardVector",
