@@ -41,6 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.max_new_tokens = 1024
     c.rollout.temperature = 1.0
     c.rollout.top_p = 0.95
+    c.rollout.decode_moe_dispatch = ""  # the model's ragged dispatch
     c.trainer.total_steps = 500
     c.trainer.batch_size = 32
     c.trainer.seq_len = 2048

@@ -39,6 +39,9 @@ class RolloutConfig:
         head is judged on the distribution it will draft for).
       seed: sampler seed; call i of the training pool uses `seed + i`, held-out calls
         `seed + 100_003 + i`.
+      decode_moe_dispatch: MoE dispatch of the per-token decode steps ("" keeps the model's;
+        "dense" is fastest for tiny CPU models, whose sorted dispatch pads each step's
+        handful of tokens to whole blocks).
     """
 
     batches: int = 8
@@ -48,6 +51,7 @@ class RolloutConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    decode_moe_dispatch: str = ""
 
     def __post_init__(self):
         bad = {k: getattr(self, k) for k in ("batches", "eval_batches", "max_new_tokens")
@@ -55,6 +59,9 @@ class RolloutConfig:
         if bad:
             raise ValueError(f"RolloutConfig: values must be >= 1: {bad}")
         self.sampling()  # validates temperature / top_k / top_p
+
+    def decode_overrides(self) -> dict[str, str] | None:
+        return {"moe_dispatch": self.decode_moe_dispatch} if self.decode_moe_dispatch else None
 
     def sampling(self) -> models.Sampling:
         return models.Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

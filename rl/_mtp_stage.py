@@ -331,60 +331,43 @@ def run_mtp(
     start = time.perf_counter()
     run_dir = pathlib.Path(run_dir)
     mesh = mesh or make_mesh(config.mesh)
-    tcfg, seed = config.trainer, config.trainer.seed
-    checkpoints_dir = run_dir / CHECKPOINTS_DIR
-    resuming = checkpoints_dir.is_dir() and any(p.name.isdigit() for p in checkpoints_dir.iterdir())
-    policy = _build(lambda: models.Qwen(model_config, rngs=nnx.Rngs(seed)), init_policy, mesh)
-    if init_policy == RANDOM and not (run_dir / "policy").is_dir():
-        save_params(run_dir / "policy", nnx.state(policy, nnx.Param),
-                    model_config=model_config.to_dict())  # fmt: skip
-    head_init = RANDOM if resuming else init_head  # the checkpoint replaces it
-    head = _build(lambda: models.MTPHead(model_config, rngs=nnx.Rngs(seed + 1)), head_init, mesh)
+    tcfg = config.trainer
+    policy, head = _models(model_config, run_dir, init_policy, init_head, mesh, tcfg.seed)
     graphdef, params, rest = nnx.split(Drafter(policy, head), HEAD_PARAMS, ...)
-
-    sampler = models.Sampler(policy, pad_id=pad_id)
+    decode = config.rollout.decode_overrides()
+    sampler = models.Sampler(policy, pad_id=pad_id, decode_overrides=decode)
     tick = time.perf_counter()
     train_rows, heldout_rows = _pools(run_dir, sampler, prompts, eval_prompts, config,
                                       tcfg.seq_len, stop_tokens)  # fmt: skip
     _log.info("rollouts: %d train / %d held-out rows in %.1f s", len(train_rows["input_ids"]),
               len(heldout_rows["input_ids"]), time.perf_counter() - tick)  # fmt: skip
-    train_pool = ro.RolloutPool(train_rows, batch_size=tcfg.batch_size, seed=seed)
+    train_pool = ro.RolloutPool(train_rows, batch_size=tcfg.batch_size, seed=tcfg.seed)
     eval_pool = ro.RolloutPool(heldout_rows, batch_size=tcfg.batch_size, shuffle=False)
 
     optimizer = make_optimizer(config.optimizer, params)
     abstract = abstract_train_state(params, rest, optimizer, mesh)
-    checkpoints = _HeadCheckpoints(checkpoints_dir, frozen=rest, keep=tcfg.keep_checkpoints,
+    checkpoints = _HeadCheckpoints(run_dir / CHECKPOINTS_DIR, frozen=rest,
+                                   keep=tcfg.keep_checkpoints,
                                    async_save=tcfg.async_checkpoints)  # fmt: skip
     restored = checkpoints.restore(abstract)
     if restored is not None:
         state = restored.state
         train_pool.set_state(restored.data_state)
     else:
-        state = _fresh_state(params, rest, optimizer, mesh, seed)
-    temperature = config.rollout.temperature or 1.0
-    loss = functools.partial(mtp_stage_loss, aux_loss_coef=config.aux_loss_coef)
-    scored = functools.partial(
-        loss, temperature=temperature, num_draft_tokens=config.num_draft_tokens
-    )
-    shardings, batch_shardings = shardings_of(abstract), batch_shardings_for(mesh)
-    step_fn = make_train_step(loss, graphdef=graphdef, optimizer=optimizer,
-                              state_shardings=shardings, batch_shardings=batch_shardings,
-                              micro_batches=tcfg.micro_batches,
-                              learning_rate_fn=learning_rate_schedule(config.optimizer))  # fmt: skip
-    eval_fn = make_eval_step(scored, graphdef=graphdef, state_shardings=shardings,
-                             batch_shardings=batch_shardings)  # fmt: skip
-
-    before_path, speculative = run_dir / "mtp_before.json", None
-    if before_path.is_file():
+        state = _fresh_state(params, rest, optimizer, mesh, tcfg.seed)
+    step_fn, eval_fn = _compiled_steps(config, graphdef, optimizer, abstract, mesh)
+    speculative = None
+    if config.measure_speculative:
+        speculative = models.Sampler(policy, mtp=head, pad_id=pad_id, decode_overrides=decode,
+                                     num_draft_tokens=config.num_draft_tokens)  # fmt: skip
+    measure = functools.partial(_measure, eval_fn=eval_fn, pool=eval_pool, rows=heldout_rows,
+                                speculative=speculative, config=config, mesh=mesh,
+                                stop_tokens=stop_tokens)  # fmt: skip
+    before_path = run_dir / "mtp_before.json"
+    if before_path.is_file():  # a resumed run keeps the figures of its start
         before = json.loads(before_path.read_text())
     else:
-        before = _evaluate(eval_fn, state, eval_pool, mesh)
-        if config.measure_speculative:
-            speculative = models.Sampler(policy, mtp=head, pad_id=pad_id,
-                                         num_draft_tokens=config.num_draft_tokens)  # fmt: skip
-            before["speculative_acceptance_length"] = _speculative(
-                speculative, heldout_rows, config, stop_tokens
-            )
+        before = measure(state, graphdef)
         files.write_json(before_path, before)
     _log.info("before: %s", before)
 
@@ -399,17 +382,9 @@ def run_mtp(
         state = trainer.run()
     finally:
         trainer.close()
-    after = _evaluate(eval_fn, state, eval_pool, mesh)
+    after = measure(state, graphdef)
     _log.info("after %d steps: %s", trainer.step, after)
     adapted = nnx.merge(graphdef, state.params, state.model_state)
-    if config.measure_speculative:  # the step donated `policy`'s buffers: use the state's
-        if speculative is None:
-            speculative = models.Sampler(adapted.policy, mtp=adapted.head, pad_id=pad_id,
-                                         num_draft_tokens=config.num_draft_tokens)  # fmt: skip
-        speculative.update(model=adapted.policy, mtp=adapted.head)  # same program, new weights
-        after["speculative_acceptance_length"] = _speculative(
-            speculative, heldout_rows, config, stop_tokens
-        )
     head_dir = save_params(run_dir / "head", nnx.state(adapted.head, nnx.Param),
                            model_config=model_config.to_dict(), overwrite=True)  # fmt: skip
     counts = {k: int(train_rows[k]) for k in ("rollouts", "sampled_tokens", "stopped")}
@@ -419,6 +394,44 @@ def run_mtp(
                        resumed_from=restored.step if restored is not None else None)  # fmt: skip
     write_summary(result, config)
     return result
+
+
+def _models(model_config, run_dir: pathlib.Path, init_policy, init_head, mesh, seed: int):
+    """The frozen policy and the head to adapt, in their sharded layouts."""
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    resuming = checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    policy = _build(lambda: models.Qwen(model_config, rngs=nnx.Rngs(seed)), init_policy, mesh)
+    if init_policy == RANDOM and not (run_dir / "policy").is_dir():
+        save_params(run_dir / "policy", nnx.state(policy, nnx.Param),
+                    model_config=model_config.to_dict())  # fmt: skip
+    head_init = RANDOM if resuming else init_head  # the checkpoint replaces it
+    head = _build(lambda: models.MTPHead(model_config, rngs=nnx.Rngs(seed + 1)), head_init, mesh)
+    return policy, head
+
+
+def _compiled_steps(config: MTPConfig, graphdef, optimizer, abstract, mesh):
+    """The train step (loss only) and the eval step (loss and acceptance figures)."""
+    loss = functools.partial(mtp_stage_loss, aux_loss_coef=config.aux_loss_coef)
+    scored = functools.partial(loss, temperature=config.rollout.temperature or 1.0,
+                               num_draft_tokens=config.num_draft_tokens)  # fmt: skip
+    shardings, batch_shardings = shardings_of(abstract), batch_shardings_for(mesh)
+    step_fn = make_train_step(loss, graphdef=graphdef, optimizer=optimizer,
+                              state_shardings=shardings, batch_shardings=batch_shardings,
+                              micro_batches=config.trainer.micro_batches,
+                              learning_rate_fn=learning_rate_schedule(config.optimizer))  # fmt: skip
+    eval_fn = make_eval_step(scored, graphdef=graphdef, state_shardings=shardings,
+                             batch_shardings=batch_shardings)  # fmt: skip
+    return step_fn, eval_fn
+
+
+def _measure(state, graphdef, *, eval_fn, pool, rows, speculative, config, mesh, stop_tokens):
+    """Held-out figures of `state`'s head; with a sampler, real speculative decoding too."""
+    out = _evaluate(eval_fn, state, pool, mesh)
+    if speculative is not None:  # the train step donates the policy: take the state's arrays
+        drafter = nnx.merge(graphdef, state.params, state.model_state)
+        speculative.update(model=drafter.policy, mtp=drafter.head)  # same program, new weights
+        out["speculative_acceptance_length"] = _speculative(speculative, rows, config, stop_tokens)
+    return out
 
 
 _ROWS = (

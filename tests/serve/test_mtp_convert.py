@@ -112,12 +112,6 @@ def test_exported_head_round_trips_exactly(policy, tmp_path, layout, experts):
     assert sorted(got) == sorted(want)
     for name, value in want.items():
         assert got[name].dtype == value.dtype and np.array_equal(got[name], value), name
-    # The same draft logits through the (reloaded) policy.
-    ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, 24))
-    hidden = model(ids).hidden
-    np.testing.assert_array_equal(
-        np.asarray(again(hidden, ids, model).logits), np.asarray(head(hidden, ids, model).logits)
-    )
 
 
 def test_export_with_head_loads_in_transformers_with_unchanged_logits(policy, tmp_path):
