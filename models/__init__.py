@@ -24,8 +24,11 @@ Public API:
                     `save_hf(..., mtp=head)`; trained on policy rollouts by `rl.run_mtp`.
     Sampler, Sampling, SampleOutput
                     batched generation (greedy / temperature / top-k / top-p, stop tokens,
-                    per-row limits, bucketed shapes, optional self-speculative decoding with
-                    an MTPHead): `Sampler(model)(prompts, max_new_tokens=, sampling=)`.
+                    per-row limits, bucketed shapes capped at `max_length`, optional
+                    self-speculative decoding with an MTPHead):
+                    `Sampler(model)(prompts, max_new_tokens=, sampling=) -> SampleOutput`
+                    (tokens, log-probs under the sampling distribution and under the
+                    unmodified policy; `rows()` with the sampled-vs-forced mask).
     Strategy, Standard, SamplingArrays, GREEDY, speculative_accept
                     sampling strategies (logits and per-row `SamplingArrays` -> sampling
                     log-probs) and exact speculative acceptance.
