@@ -29,8 +29,18 @@ from hat_jax import sharding, train
 from hat_jax.checkpoint import read_model_config, restore_params
 from hat_jax.sharding import shardings_of
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/mtp_demo.py", lock_config=True)
-_RUN_DIR = flags.DEFINE_string("run_dir", None, "Overrides config.run_dir.")
+_FLAGS = {}
+
+
+def _define_flags() -> None:
+    """The command-line flags, defined only when run as a script: other code (the demo, the
+    config tests) imports this module beside `launch.sft`, whose flags have the same names."""
+    _FLAGS["config"] = config_flags.DEFINE_config_file(
+        "config", "configs/mtp_demo.py", lock_config=True
+    )
+    _FLAGS["run_dir"] = flags.DEFINE_string("run_dir", None, "Overrides config.run_dir.")
+
+
 _KINDS = {"policy": ("orbax", "hf", "random"), "head": ("hf", "orbax", "random")}
 
 
@@ -189,10 +199,11 @@ def main(argv):
     del argv
     logging.getLogger("absl").setLevel(logging.WARNING)
     sharding.initialize_distributed()
-    result = run(_CONFIG.value, run_dir=_RUN_DIR.value)
+    result = run(_FLAGS["config"].value, run_dir=_FLAGS["run_dir"].value)
     if jax.process_index() == 0:
         print("\n".join(f"mtp: {line}" for line in summary(result)))
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
