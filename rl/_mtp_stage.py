@@ -225,7 +225,9 @@ def _build(module_fn: Callable[[], nnx.Module], init: Init, mesh) -> nnx.Module:
         return init_sharded(module_fn, mesh, PARAM_RULES)
     with nnx.use_eager_sharding(False):
         graphdef, params, rest = nnx.split(nnx.eval_shape(module_fn), nnx.Param, ...)
-    params = init(_attach(params, mesh))
+    abstract = _attach(params, mesh)
+    # Laid out as the step expects (a no-op for arrays already there, e.g. restored shards).
+    params = jax.device_put(init(abstract), shardings_of(abstract))
 
     def others():  # XLA drops the unused parameter initialisers.
         with nnx.use_eager_sharding(False):
