@@ -37,11 +37,13 @@ CLI:
     python -m serve.convert to-hf --checkpoint B --out C [--dtype bfloat16]
         [--layout vl|text] [--expert_layout fused|per_expert] [--tokenizer_dir T]
         [--mtp HEAD | --no_mtp]
+    python -m serve.convert graft --checkpoint B (--hf_dir BASE | --random) [--out HEAD]
 
 On the Orbax side the head lives beside the parameters: `from-hf` writes it as a second
 `save_params` directory `B/mtp/` (same `model_config.json`); `to-hf` exports `--mtp HEAD` (a
 head checkpoint: `save_params` directory, or a step of the MTP adaptation stage), else
-`B/mtp/` when present.
+`B/mtp/` when present. `graft` attaches a base checkpoint's head (or a random one, only when
+asked with `--random`) to a policy checkpoint as `B/mtp/`, shapes checked against the policy.
 """
 
 from __future__ import annotations
@@ -627,6 +629,26 @@ def _to_hf(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}" + (f" (MTP head from {mtp_dir})" if mtp_dir else ""))
 
 
+def _graft(args: argparse.Namespace) -> None:
+    """Attaches a draft head to a policy checkpoint: a base checkpoint's `mtp.*` tensors
+    (checked against the policy's shapes) or, when asked, a random initialisation."""
+    from hat_jax.checkpoint import read_model_config, save_params
+
+    config = _config_from_checkpoint(read_model_config(args.checkpoint))
+    config = config.replace(param_dtype=args.dtype, dtype=args.dtype)
+    if bool(args.hf_dir) == args.random:
+        raise SystemExit("graft: give exactly one of --hf_dir BASE and --random")
+    if args.random:
+        head = MTPHead(config, rngs=nnx.Rngs(args.seed))
+    else:
+        head = load_mtp(args.hf_dir, config=config)
+    out = pathlib.Path(args.out) if args.out else pathlib.Path(args.checkpoint) / MTP_DIR
+    save_params(out, nnx.state(head, nnx.Param), model_config=config.to_dict(),
+                overwrite=args.overwrite)  # fmt: skip
+    source = "random initialisation" if args.random else args.hf_dir
+    print(f"wrote {out} (MTP head from {source} for {args.checkpoint})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m serve.convert", description=__doc__.split("\n")[0]
@@ -653,6 +675,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     b.add_argument("--no_mtp", action="store_true", help="export without the draft head")
     b.set_defaults(run=_to_hf)
+    g = sub.add_parser("graft", help="MTP head of a base HF checkpoint -> beside a policy")
+    g.add_argument("--checkpoint", required=True, help="the policy's Orbax checkpoint")
+    g.add_argument("--hf_dir", default=None, help="base HF checkpoint with mtp.* tensors")
+    g.add_argument("--random", action="store_true", help="a randomly initialised head instead")
+    g.add_argument("--seed", type=int, default=0, help="seed of --random")
+    g.add_argument("--out", default=None, help="head directory (default <checkpoint>/mtp)")
+    g.add_argument("--dtype", default="float32", help="parameter dtype (default float32)")
+    g.add_argument("--overwrite", action="store_true")
+    g.set_defaults(run=_graft)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     args.run(args)

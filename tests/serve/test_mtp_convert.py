@@ -190,3 +190,28 @@ def test_cli_carries_the_head_through_orbax(policy, tmp_path):
     convert_main(["to-hf", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "plain"),
                   "--dtype", "float32", "--no_mtp"])  # fmt: skip
     assert not has_mtp(tmp_path / "plain")
+
+
+def test_cli_grafts_a_base_head_onto_a_policy_checkpoint(policy, tmp_path):
+    _, _, config, model, head = policy
+    base = save_hf(model, config, tmp_path / "base", dtype="float32", mtp=head)
+    policy_dir, out = tmp_path / "policy", tmp_path / "hf"
+    convert_main(["from-hf", "--hf_dir", str(policy[1]), "--out", str(policy_dir)])
+    assert not (policy_dir / "mtp").exists()  # the policy's own directory has no head
+    with pytest.raises(SystemExit, match="exactly one of"):
+        convert_main(["graft", "--checkpoint", str(policy_dir)])
+    convert_main(["graft", "--checkpoint", str(policy_dir), "--hf_dir", str(base)])
+    convert_main(["to-hf", "--checkpoint", str(policy_dir), "--out", str(out),
+                  "--dtype", "float32"])  # fmt: skip
+    exported, want = _tensors(out), _tensors(base)
+    assert sorted(exported) == sorted(want)
+    assert all(np.array_equal(exported[k], v) for k, v in want.items())
+    wide = tmp_path / "wide"  # a base of another size is refused, the tensor named
+    _edit(base, wide, lambda t: t.update({"mtp.norm.weight": np.ones(65, np.float32)}))
+    with pytest.raises(HFCheckpointError, match=r"mtp\.norm\.weight: file \(65,\)"):
+        convert_main(["graft", "--checkpoint", str(policy_dir), "--hf_dir", str(wide),
+                      "--overwrite"])  # fmt: skip
+    convert_main(["graft", "--checkpoint", str(policy_dir), "--random", "--seed", "3",
+                  "--out", str(tmp_path / "random_head")])  # fmt: skip
+    fresh = restore_mtp(tmp_path / "random_head", config)
+    assert not np.array_equal(np.asarray(fresh.fc[...]), np.asarray(head.fc[...]))
