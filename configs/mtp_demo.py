@@ -45,7 +45,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.head = ml_collections.ConfigDict(dict(kind="random", path=""))
     c.data = ml_collections.ConfigDict(
         dict(
+            # "instructions": general instruction prompts; "corpus": the agent prompts (Harness
+            # system prompt, tools, history) of a teacher corpus's `split` / `eval_split`.
+            source="instructions",
             instructions="",  # "" = the bundled demo set; or a local Tulu3-format JSONL
+            corpus="",
+            split="train",
+            eval_split="dev",
+            corpus_seq_len=8192,  # pipeline rows the prompts are cut from
             heldout_instructions=16,
             max_prompt_len=128,
             enable_thinking=True,

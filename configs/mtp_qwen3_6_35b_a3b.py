@@ -2,7 +2,7 @@
 
   python -m launch.mtp --config=configs/mtp_qwen3_6_35b_a3b.py \
       --config.policy.path=/runs/hsa_rl/checkpoints \
-      --config.head.path=/ckpt/Qwen3.6-35B-A3B --config.data.instructions=/data/tulu3.jsonl
+      --config.head.path=/ckpt/Qwen3.6-35B-A3B --config.data.corpus=/data/hat/corpus
 
 The head is grafted from the base model's `mtp.*` tensors (checked against the policy's
 shapes) and adapted to the policy's own outputs; the policy stays frozen (bf16 compute,
@@ -32,9 +32,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.policy.path = ""  # required: the trained policy's checkpoint (e.g. the HSA-RL run)
     c.head.kind = "hf"
     c.head.path = ""  # required: the base HF checkpoint whose mtp.* head is grafted
-    c.data.instructions = ""  # a local Tulu3-format JSONL (the bundled set is a demo)
-    c.data.heldout_instructions = 256
-    c.data.max_prompt_len = 1024
+    # The head drafts for agent traffic: prompts are the agent turns of the teacher corpus
+    # (Harness system prompt, tools, history); `source="instructions"` with a Tulu3 JSONL in
+    # `data.instructions` uses general instructions instead.
+    c.data.source = "corpus"
+    c.data.corpus = ""  # required: the teacher corpus (train / dev splits)
+    c.data.corpus_seq_len = 16384
+    c.data.max_prompt_len = 8192
     c.rollout.batch_size = 64
     c.rollout.batches = 64  # 4096 rollouts
     c.rollout.eval_batches = 4
@@ -44,7 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.decode_moe_dispatch = ""  # the model's ragged dispatch
     c.trainer.total_steps = 500
     c.trainer.batch_size = 32
-    c.trainer.seq_len = 2048
+    c.trainer.seq_len = 9216  # max_prompt_len + max_new_tokens
     c.trainer.log_every = 1
     c.trainer.eval_every = 100
     c.trainer.checkpoint_every = 100

@@ -129,7 +129,22 @@ def _init(part: str, kind: str, path: str, model: models.QwenConfig):
 
 
 def _prompts(c, tokenizer):
-    """Training and held-out prompt iterators over disjoint instructions."""
+    """Training and held-out prompt iterators: disjoint instructions (`data.source =
+    "instructions"`), or the agent prompts of a corpus's train and eval splits ("corpus")."""
+    if c.data.source == "corpus":
+        if not c.data.corpus:
+            raise ValueError("config.data.corpus is required with data.source='corpus'")
+        pipeline = dict(sources=(c.data.corpus,), seq_len=c.data.corpus_seq_len,
+                        global_batch_size=c.rollout.batch_size, seed=c.trainer.seed,
+                        tokenizer_dir=_tokenizer_dir(c), worker_count=0)  # fmt: skip
+        cut = dict(batch_size=c.rollout.batch_size, max_prompt_len=c.data.max_prompt_len,
+                   pad_id=data.pad_id(tokenizer))  # fmt: skip
+        return tuple(
+            rl.prompts_from_rows(data.sft_data(data.PipelineConfig(split=split, **pipeline)), **cut)
+            for split in (c.data.split, c.data.eval_split)
+        )
+    if c.data.source != "instructions":
+        raise ValueError(f"config.data.source={c.data.source!r}: 'instructions' or 'corpus'")
     instructions = data.load_instructions(c.data.instructions or None)
     held = c.data.heldout_instructions
     if not 0 < held < len(instructions):

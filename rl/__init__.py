@@ -5,7 +5,7 @@ MTP draft-head adaptation (`rl._mtp_stage`, `rl._mtp_rollouts`): `run_mtp(MTPCon
 model_config=, run_dir=, prompts=, eval_prompts=, init_policy=, init_head=) -> MTPResult`
 (policy frozen, head trained on the policy's own rollouts; before/after loss, acceptance and
 simulated acceptance length), `mtp_stage_loss`, `Drafter`, `RolloutConfig`, `RolloutPool`,
-`generate_rollouts`, `MTP_RANDOM` (explicit random initialisation). CLI: `python -m launch.mtp`.
+`generate_rollouts`, `prompts_from_rows` (agent prompts from training rows), `MTP_RANDOM` (explicit random initialisation). CLI: `python -m launch.mtp`.
 
 Local policy: `JaxPolicy(model, tokenizer)` is a `hat_jax.harness.PolicyModel` sampling from a
 `models.Qwen` with `models.Sampler` (`generate`, and `generate_batch` for group rollouts).
@@ -13,7 +13,7 @@ Local policy: `JaxPolicy(model, tokenizer)` is a `hat_jax.harness.PolicyModel` s
 
 from rl import advantages, distill, losses, rewards, sim
 from rl._jax_policy import JaxPolicy
-from rl._mtp_rollouts import RolloutConfig, RolloutPool, generate_rollouts
+from rl._mtp_rollouts import RolloutConfig, RolloutPool, generate_rollouts, prompts_from_rows
 from rl._mtp_stage import RANDOM as MTP_RANDOM
 from rl._mtp_stage import Drafter, MTPConfig, MTPResult, mtp_stage_loss, run_mtp
 from rl.advantages import (
@@ -91,6 +91,7 @@ __all__ = [
     "RolloutPool",
     "generate_rollouts",
     "mtp_stage_loss",
+    "prompts_from_rows",
     "run_mtp",
     # local policy
     "JaxPolicy",

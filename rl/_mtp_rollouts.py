@@ -67,6 +67,37 @@ class RolloutConfig:
         return models.Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
 
+def prompts_from_rows(
+    rows: Iterator[Mapping[str, np.ndarray]],
+    *,
+    batch_size: int,
+    max_prompt_len: int,
+    pad_id: int,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Prompt batches (`prompt_ids`, `prompt_lengths`) cut from training rows.
+
+    A row of `data.sft_data` (packed or not) starts with a document whose loss mask is 0 up to
+    the first token the assistant wrote; everything before it is exactly the prompt that turn
+    was generated from (the generation-prompt header included). So the agent's own traffic
+    (Harness system prompt, tools, history) can prompt the rollouts. Rows whose first
+    document trains nothing, or whose prompt is longer than `max_prompt_len`, are skipped.
+    """
+    pending: list[np.ndarray] = []
+    for batch in rows:
+        for ids, mask, seg in zip(batch["input_ids"], batch["loss_mask"], batch["segment_ids"]):
+            first = np.flatnonzero((np.asarray(mask) > 0) & (np.asarray(seg) == seg[0]))
+            if seg[0] == 0 or not len(first) or not 0 < first[0] <= max_prompt_len:
+                continue
+            pending.append(np.asarray(ids[: first[0]], np.int32))
+            if len(pending) == batch_size:
+                out = np.full((batch_size, max_prompt_len), pad_id, np.int32)
+                for i, prompt in enumerate(pending):
+                    out[i, : len(prompt)] = prompt
+                lengths = np.asarray([len(q) for q in pending], np.int32)
+                pending = []
+                yield {"prompt_ids": out, "prompt_lengths": lengths}
+
+
 def _prompt_lists(batch: Mapping[str, np.ndarray]) -> list[list[int]]:
     if "prompt_ids" not in batch or "prompt_lengths" not in batch:
         raise ValueError(

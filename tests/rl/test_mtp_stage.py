@@ -168,3 +168,22 @@ def test_adapted_head_drafts_better_on_held_out_rollouts(tmp_path):
     again = rl.run_mtp(stage, prompts=iter(()), eval_prompts=iter(()), **run)
     assert again.resumed_from == 24 and again.before == before
     np.testing.assert_allclose(again.after["loss"], after["loss"], rtol=1e-6)
+
+
+def test_agent_prompts_are_cut_from_training_rows():
+    # Row 0: document 1 = prompt [5, 6, 7] then trained tokens; document 2 follows.
+    # Row 1: its first document trains nothing (skipped). Row 2: padding only (skipped).
+    # Row 3: a 4-token prompt.
+    ids = np.array([[5, 6, 7, 8, 9, 3, 4, 0], [1, 2, 3, 4, 0, 0, 0, 0], [0] * 8,
+                    [9, 9, 8, 8, 7, 7, 0, 0]])  # fmt: skip
+    mask = np.array([[0, 0, 0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0, 0, 0], [0] * 8,
+                     [0, 0, 0, 0, 1, 1, 0, 0]])  # fmt: skip
+    segs = np.array([[1, 1, 1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 0, 0, 0, 0], [0] * 8,
+                     [1, 1, 1, 1, 1, 1, 0, 0]])  # fmt: skip
+    rows = iter([{"input_ids": ids, "loss_mask": mask, "segment_ids": segs}])
+    batches = list(rl.prompts_from_rows(rows, batch_size=2, max_prompt_len=5, pad_id=-1))
+    assert len(batches) == 1
+    np.testing.assert_array_equal(batches[0]["prompt_lengths"], [3, 4])
+    np.testing.assert_array_equal(batches[0]["prompt_ids"], [[5, 6, 7, -1, -1], [9, 9, 8, 8, -1]])
+    too_long = iter([{"input_ids": ids, "loss_mask": mask, "segment_ids": segs}])
+    assert not list(rl.prompts_from_rows(too_long, batch_size=1, max_prompt_len=2, pad_id=0))
