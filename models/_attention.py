@@ -44,14 +44,20 @@ def attend(
         [B, T, H, D] in q's dtype; softmax in float32.
     """
     batch, length, heads, dim = q.shape
-    kv_heads = k.shape[2]
-    q = q.reshape(batch, length, kv_heads, heads // kv_heads, dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (dim**-0.5)
+    kv_heads, size = k.shape[2], k.shape[1]
+    group = heads // kv_heads
+    # [B, KV, G T, D] against [B, KV, S, D]: plain batched matmuls (forward and backward)
+    # with the query heads of a KV head stacked as rows.
+    q = jnp.moveaxis(q.reshape(batch, length, kv_heads, group, dim), 1, 3)
+    q = q.reshape(batch, kv_heads, group * length, dim)
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores.reshape(batch, kv_heads, group, length, size) * (dim**-0.5)
     mask = (k_slot[:, None, :] <= q_slot[:, :, None]) & (k_doc[:, None, :] == q_doc[:, :, None])
     scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs.reshape(batch, kv_heads, group * length, size), v)
+    out = jnp.moveaxis(out.reshape(batch, kv_heads, group, length, dim), 3, 1)
     return out.reshape(batch, length, heads, dim)
 
 

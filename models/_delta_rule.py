@@ -69,12 +69,27 @@ def recurrent_gated_delta_rule(
     return jnp.moveaxis(out, 0, 1), state
 
 
+def _diagonal_blocks(a: jax.Array, s: int) -> jax.Array:
+    """The lower-left s x s corners of the 2s x 2s diagonal blocks of a [..., n, n]: [..., m, s, s].
+
+    Block i starts at flat index i 2s (n + 1), so one pad and reshapes pick all of them
+    (a strided view; no gather).
+    """
+    batch, n = a.shape[:-2], a.shape[-1]
+    m, stride = n // (2 * s), 2 * s * (n + 1)
+    flat = a.reshape(*batch, n * n)
+    flat = jnp.pad(flat, [(0, 0)] * len(batch) + [(0, m * stride - n * n)])
+    rows = flat.reshape(*batch, m, stride)[..., : 2 * s * n].reshape(*batch, m, 2 * s, n)
+    return rows[..., s:, :s]
+
+
 def unit_lower_inverse(a: jax.Array) -> jax.Array:
-    """(I + a)^-1 for strictly lower-triangular a [..., n, n], by recursive block inversion.
+    """(I + tril(a, -1))^-1 for a [..., n, n], by recursive block inversion.
 
     [[A, 0], [C, D]]^-1 = [[A^-1, 0], [-D^-1 C A^-1, D^-1]], doubling the block size from 1
-    to n (n is padded to a power of two). Only batched matmuls: on CPU about 50x faster than
-    `triangular_solve` on many small systems, and the form GPU/TPU kernels use as well.
+    to n (n is padded to a power of two). Only the strictly lower triangle of `a` is read.
+    Only batched matmuls: on CPU about 50x faster than `triangular_solve` on many small
+    systems, and the form GPU/TPU kernels use as well.
     """
     n = a.shape[-1]
     size = 1 << max(n - 1, 0).bit_length()
@@ -84,10 +99,7 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
     inv = jnp.ones((*batch, size, 1, 1), a.dtype)  # the 1 x 1 diagonal blocks
     s = 1
     while s < size:
-        m = size // (2 * s)
-        blocks = a.reshape(*batch, m, 2 * s, m, 2 * s)
-        diag = jnp.diagonal(blocks, axis1=-4, axis2=-2)  # [..., 2s, 2s, m]
-        lower_left = jnp.moveaxis(diag, -1, -3)[..., s:, :s]  # [..., m, s, s]
+        lower_left = _diagonal_blocks(a, s)  # [..., m, s, s]
         upper, lower = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
         corner = -lower @ lower_left @ upper
         top = jnp.concatenate([upper, jnp.zeros_like(upper)], axis=-1)
@@ -99,10 +111,12 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
 
 @jax.custom_vjp
 def solve_unit_lower(a: jax.Array, rhs: jax.Array) -> jax.Array:
-    """(I + a)^-1 rhs for strictly lower-triangular a [..., n, n] and rhs [..., n, m].
+    """(I + tril(a, -1))^-1 rhs for a [..., n, n] and rhs [..., n, m].
 
-    The backward pass reuses the forward inverse: with X = (I + a)^-1 rhs and G = (I + a)^-T dX,
-    d rhs = G and d a = -G X^T (two matmuls instead of differentiating the inversion).
+    Only the strictly lower triangle of `a` is read (its diagonal and upper part may hold
+    anything). The backward pass reuses the forward inverse: with X = (I + a)^-1 rhs and
+    G = (I + a)^-T dX, d rhs = G and d a = -tril(G X^T, -1) (two matmuls instead of
+    differentiating the inversion).
     """
     return unit_lower_inverse(a) @ rhs
 
@@ -116,7 +130,9 @@ def _solve_fwd(a, rhs):
 def _solve_bwd(residuals, dx):
     inverse, x = residuals
     g = jnp.swapaxes(inverse, -1, -2) @ dx
-    return -(g @ jnp.swapaxes(x, -1, -2)), g
+    n = inverse.shape[-1]
+    strict = jnp.tril(jnp.ones((n, n), bool), -1)
+    return jnp.where(strict, -(g @ jnp.swapaxes(x, -1, -2)), 0.0), g
 
 
 solve_unit_lower.defvjp(_solve_fwd, _solve_bwd)
@@ -150,36 +166,36 @@ def chunked_gated_delta_rule(
     n = (length + pad) // c
     q = q * (dk**-0.5)
 
-    def chunks(a):  # [B, T, H, ...] -> [B, H, N, C, ...]
+    def chunks(a):  # [B, T, H, ...] -> [N, B, H, C, ...]: chunk-major, as the scan reads it
         a = a.reshape(batch, n, c, heads, *a.shape[3:])
-        return jnp.moveaxis(a, 3, 1)
+        return jnp.moveaxis(a, (1, 3), (0, 2))
 
     q, k, v, g, beta = (chunks(a) for a in (q, k, v, g, beta))
-    doc = doc.reshape(batch, 1, n, c)
+    doc = jnp.moveaxis(doc.reshape(batch, 1, n, c), 2, 0)  # [N, B, 1, C]
     # The segment that was running before each chunk (the first chunk continues the state).
-    prev_doc = jnp.concatenate([doc[:, :, :1, :1], doc[:, :, :-1, -1:]], axis=2)
+    prev_doc = jnp.concatenate([doc[:1, ..., :1], doc[:-1, ..., -1:]], axis=0)
 
     # Decays are exp of differences of one cumulative sum, taken only where both tokens are
     # in the same segment (elsewhere masked to 0). Within a segment the differences are <= 0;
-    # clamping them keeps masked entries finite, so masks multiply instead of select.
-    cum = jnp.cumsum(g, axis=-1)  # [B, H, N, C]
-    same = doc[..., :, None] == doc[..., None, :]  # [B, 1, N, C, C]
-    mask_incl = (same & jnp.tril(jnp.ones((c, c), bool))).astype(jnp.float32)
-    mask_strict = mask_incl * jnp.tril(jnp.ones((c, c), jnp.float32), -1)
-    decay = jnp.exp(jnp.minimum(cum[..., :, None] - cum[..., None, :], 0.0))
+    # clamping them keeps masked entries finite, so masks multiply instead of select. One
+    # causal decay matrix serves both products: the solve reads only its strict lower part.
+    cum = jnp.cumsum(g, axis=-1)  # [N, B, H, C]
+    same = doc[..., :, None] == doc[..., None, :]  # [N, B, 1, C, C]
+    mask = (same & jnp.tril(jnp.ones((c, c), bool))).astype(jnp.float32)
+    decay = jnp.exp(jnp.minimum(cum[..., :, None] - cum[..., None, :], 0.0)) * mask
 
     cont = (doc == prev_doc).astype(jnp.float32)  # token still in the carried segment
-    from_start = jnp.exp(cum) * cont  # [B, H, N, C] decay since the chunk start
+    from_start = jnp.exp(cum) * cont  # [N, B, H, C] decay since the chunk start
     last_same = (doc == doc[..., -1:]).astype(jnp.float32)  # same segment as the chunk end
     to_end = jnp.exp(jnp.minimum(cum[..., -1:] - cum, 0.0)) * last_same
-    chunk_decay = jnp.exp(cum[..., -1]) * cont[..., -1]  # [B, H, N]
+    chunk_decay = jnp.exp(cum[..., -1]) * cont[..., -1]  # [N, B, H]
 
     k_beta = k * beta[..., None]
-    system = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k) * (decay * mask_strict)
+    system = jnp.einsum("nbhik,nbhjk->nbhij", k_beta, k) * decay
     rhs = jnp.concatenate([v * beta[..., None], k_beta * from_start[..., None]], axis=-1)
     solved = solve_unit_lower(system, rhs)
     u, w = solved[..., :dv], solved[..., dv:]
-    intra = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * (decay * mask_incl)
+    intra = jnp.einsum("nbhik,nbhjk->nbhij", q, k) * decay
     q_read = q * from_start[..., None]
     k_write = k * to_end[..., None]
 
@@ -194,7 +210,7 @@ def chunked_gated_delta_rule(
     state = (
         jnp.zeros((batch, heads, dk, dv), jnp.float32) if initial_state is None else initial_state
     )
-    xs = [jnp.moveaxis(a, 2, 0) for a in (u, w, intra, q_read, k_write, chunk_decay)]
+    xs = (u, w, intra, q_read, k_write, chunk_decay)
     state, out = jax.lax.scan(step, state, xs)  # out [N, B, H, C, Dv]
-    out = jnp.moveaxis(out, 0, 2).reshape(batch, heads, n * c, dv)[:, :, :length]
-    return jnp.moveaxis(out, 1, 2), state
+    out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(batch, n * c, heads, dv)[:, :length]
+    return out, state
