@@ -114,7 +114,8 @@ class SampleOutput:
 
 
 def _graph_for(model: nnx.Module, overrides: Mapping[str, Any] | None) -> nnx.GraphDef:
-    """The model's graph with runtime config fields replaced (same parameter structure)."""
+    """The graph of a `Qwen` or `MTPHead` with runtime config fields replaced (same parameter
+    structure)."""
     graphdef = nnx.graphdef(model)
     if not overrides:
         return graphdef
@@ -139,6 +140,7 @@ class Sampler:
         decode_overrides: runtime `QwenConfig` fields for the decode steps only, e.g.
             `{"moe_dispatch": "dense"}` (per-token steps route a handful of tokens, where the
             block-padded sorted dispatch wastes most of its rows); prefill keeps the model's.
+            The draft head's steps use them too.
         max_length: the cap on prompt plus generated tokens per row (default: the model's
             `max_position_embeddings`); buckets never exceed it and longer requests fail.
     """
@@ -169,7 +171,7 @@ class Sampler:
         self._graphs = (
             nnx.graphdef(model),
             _graph_for(model, decode_overrides),
-            nnx.graphdef(mtp) if num_draft_tokens else None,
+            _graph_for(mtp, decode_overrides) if num_draft_tokens else None,
         )
         self._states = (nnx.state(model), nnx.state(mtp) if num_draft_tokens else None)
         self._traces = 0
