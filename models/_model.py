@@ -181,7 +181,9 @@ class Qwen(nnx.Module):
     def _unembed(self, hidden: jax.Array) -> jax.Array:
         c = self.config
         head = self.embed[...].T if c.tie_word_embeddings else self.lm_head[...]
-        return hidden @ head.astype(hidden.dtype)
+        # Tokens flattened to rows: a plain 2-D matmul (XLA's CPU 3-D form is slower).
+        logits = hidden.reshape(-1, hidden.shape[-1]) @ head.astype(hidden.dtype)
+        return logits.reshape(*hidden.shape[:-1], -1)
 
     def _aux_loss(self, counts, prob_sums, valid) -> jax.Array:
         c = self.config
