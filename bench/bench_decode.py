@@ -11,10 +11,12 @@ The floor: one decode step must read every parameter once (batch 8 x top-4 routi
 most of the 32 experts; counted as all of them) plus the KV and DeltaNet caches, so
 step time >= bytes / memory bandwidth; the bandwidth is measured here with a large array copy.
 
-Speculative decoding uses a random MTP head (the policy here is random too, so there is no
-trained head to adapt from); a random head's drafts are almost never accepted, so this part
-shows the drafting overhead and that the greedy tokens do not change. An adapted head's
-acceptance comes from the MTP adaptation stage (`python -m launch.mtp`), which reports it.
+Speculative vs plain decoding (greedy, k = 3 drafts, batch 8, up to 128 tokens) uses the
+head the MTP adaptation stage adapted (`python -m launch.mtp --config=configs/mtp_demo.py`
+exports policy + head to `runs/demo/mtp/hf`; `--mtp_dir`) on that stage's tiny demo policy
+and held-out instruction prompts. Without that directory it falls back to a random head on
+the mid-size model, and says so: a random head's drafts are almost never accepted, so that
+shows only the drafting overhead (and that greedy tokens do not change).
 
     python -m bench decode     # or: python -m bench.bench_decode [--repeats 3] [--skip_speculative]
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import statistics
 import tempfile
 import time
@@ -34,9 +37,12 @@ import torch
 import transformers
 from flax import nnx
 
+import data
 from bench.bench_model import HIDDEN, LAYERS, hf_config
-from models import GREEDY, MTPHead, Sampler
-from serve import load_hf
+from data.tokenizer import load_tokenizer
+from hat_jax import chat_format
+from models import GREEDY, MTPHead, Sampler, Sampling
+from serve import load_hf, load_mtp
 
 BATCH, PROMPT, NEW = 8, 64, 128
 # Decode steps route 8 x top-4 tokens: computing every expert beats padding sorted blocks.
@@ -90,17 +96,16 @@ def ours_generate(sampler: Sampler, prompts: np.ndarray):
     return run
 
 
-def _head(model, args) -> tuple[MTPHead, str]:
-    """The draft head (random; see the module docstring)."""
-    head = MTPHead(model.config, rngs=nnx.Rngs(1))
-    return head, "random, not adapted (acceptance near 0: this shows the drafting overhead)"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--draft_tokens", type=int, default=3)
     parser.add_argument("--skip_speculative", action="store_true")
+    parser.add_argument(
+        "--mtp_dir",
+        default="runs/demo/mtp/hf",
+        help="HF export of the MTP stage (policy + adapted head); a random head if missing",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     load_before = os.getloadavg()
@@ -153,29 +158,67 @@ def main() -> None:
         speculative(model, sampler, prompts, args)
 
 
+def adapted_pair(directory: pathlib.Path):
+    """The MTP stage's exported policy + adapted head and held-out instruction prompts."""
+    config, model = load_hf(directory, dtype="float32", moe_dispatch="sorted")
+    head = load_mtp(directory, config=config, dtype="float32")
+    tokenizer = load_tokenizer(directory)
+    held_out = data.load_instructions()[-BATCH:]  # the stage holds out the last instructions
+    prompts = [
+        tokenizer.encode(
+            chat_format.render(list(i.messages), add_generation_prompt=True),
+            add_special_tokens=False,
+        )
+        for i in held_out
+    ]
+    return model, head, prompts, [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
 def speculative(model, plain: Sampler, prompts: np.ndarray, args) -> None:
-    """Plain vs speculative decoding tokens/s (one timed call each, after compiling)."""
-    head, origin = _head(model, args)
+    """Plain vs speculative decoding tokens/s (one timed call each, after compiling): the
+    adapted head of `--mtp_dir` on its policy when that directory exists, else a random
+    head on the benchmark's model."""
+    directory = pathlib.Path(args.mtp_dir)
+    if (directory / "config.json").is_file():
+        model, head, rows, stops = adapted_pair(directory)
+        plain = Sampler(model, decode_overrides=DECODE)
+        origin = f"adapted by the MTP stage ({directory}: its policy, held-out instructions)"
+    else:
+        head, rows, stops = MTPHead(model.config, rngs=nnx.Rngs(1)), prompts.tolist(), []
+        origin = (
+            f"random, not adapted ({directory} not found; acceptance near 0: this shows the "
+            "drafting overhead)"
+        )
     samplers = {
         "plain": plain,
         "speculative": Sampler(
             model, mtp=head, num_draft_tokens=args.draft_tokens, decode_overrides=DECODE
         ),
     }
-    rows = prompts.tolist()
-    outputs = {  # compiles the speculative program (the plain one exists)
-        name: s(rows, max_new_tokens=NEW, sampling=GREEDY) for name, s in samplers.items()
-    }
+
+    def call(s, sampling=GREEDY):
+        return s(rows, max_new_tokens=NEW, sampling=sampling, stop_tokens=stops, seed=0)
+
+    outputs = {name: call(s) for name, s in samplers.items()}  # compiles
     same = np.array_equal(outputs["plain"].tokens, outputs["speculative"].tokens)
-    tps = {
-        name: BATCH * NEW / _timed(lambda s=s: s(rows, max_new_tokens=NEW, sampling=GREEDY))
-        for name, s in samplers.items()
-    }
+    tokens = int(outputs["plain"].lengths.sum())
+    tps = {name: tokens / _timed(lambda s=s: call(s)) for name, s in samplers.items()}
     accept = outputs["speculative"].acceptance_length
-    print(f"MTP head: {origin}; k = {args.draft_tokens} drafts, acceptance length "
-          f"{accept:.2f} tokens/verification")  # fmt: skip
-    print(f"plain {tps['plain']:.1f} tokens/s, speculative {tps['speculative']:.1f} tokens/s: "
-          f"{tps['speculative'] / tps['plain']:.2f}x; identical greedy tokens: {same}")  # fmt: skip
+    print(f"MTP head: {origin}; k = {args.draft_tokens} drafts")
+    print(f"greedy ({tokens} tokens): plain {tps['plain']:.1f} tokens/s, speculative "
+          f"{tps['speculative']:.1f} tokens/s = {tps['speculative'] / tps['plain']:.2f}x; "
+          f"acceptance length {accept:.2f}; identical tokens: {same}")  # fmt: skip
+    # Temperature 1 (the same compiled programs): tokens differ, each run counts its own.
+    warm = Sampling(temperature=1.0)
+    rates, lengths = {}, {}
+    for name, s in samplers.items():
+        start = time.perf_counter()
+        out = call(s, warm)
+        rates[name] = int(out.lengths.sum()) / (time.perf_counter() - start)
+        lengths[name] = out.acceptance_length
+    print(f"temperature 1: plain {rates['plain']:.1f} tokens/s, speculative "
+          f"{rates['speculative']:.1f} tokens/s = {rates['speculative'] / rates['plain']:.2f}x; "
+          f"acceptance length {lengths['speculative']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
