@@ -29,6 +29,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             dtype="float32",
             param_dtype="float32",
             moe_dispatch="sorted",
+            # True: under a mesh, each device routes only its own tokens (models._moe_sharded)
+            moe_shard_local=False,
+            # "flash": block-wise attention, O(T) memory (models._flash), same numbers
+            attention_impl="dense",
+            attention_block_size=512,
             remat="none",
         )
     )

@@ -49,8 +49,8 @@ def _plan(c, devices: int, layout: str):
     from hat_jax import train
 
     mesh, param_dtype = _layout(layout, devices)
-    runtime = dict(dtype=c.model.dtype, param_dtype=param_dtype or c.model.param_dtype,
-                   moe_dispatch=_DISPATCH.value, remat=c.model.remat)  # fmt: skip
+    runtime = {k: v for k, v in c.model.to_dict().items() if k not in ("preset", "vocab_size")}
+    runtime |= dict(moe_dispatch=_DISPATCH.value, param_dtype=param_dtype or c.model.param_dtype)
     model = models.QwenConfig.preset(c.model.preset, **runtime)
     if c.model.vocab_size > 0:
         model = model.replace(vocab_size=c.model.vocab_size)

@@ -46,7 +46,7 @@ class Built:
 
 
 def _model_config(c, tokenizer):
-    runtime = {k: c.model[k] for k in ("dtype", "param_dtype", "moe_dispatch", "remat")}
+    runtime = {k: v for k, v in c.model.to_dict().items() if k not in ("preset", "vocab_size")}
     if c.init.kind == "hf":
         config = models.QwenConfig.from_hf(_required(c.init.path, "init.path"), **runtime)
     else:

@@ -38,6 +38,11 @@ Public API:
     dense_experts, sorted_experts, ragged_experts
                     the three dropless MoE dispatches, `f(x, idx, weights, gate_up, down)`
                     with gate_up [E, D, 2, F] (SwiGLU gate then up) and down [E, F, D].
+    shard_local_experts
+                    a dispatch run per shard of the tokens under a mesh (each device sorts
+                    only its own tokens; `config.moe_shard_local`).
+    flash_attention block-wise causal, document-masked attention with online softmax and a
+                    recomputing backward pass: O(T) memory (`config.attention_impl="flash"`).
 
 Packed sequences: `segment_ids [B, T]` splits each row into documents; a document is a
 maximal run of equal ids and id 0 is padding. Attention is block-diagonal causal, DeltaNet
@@ -73,8 +78,10 @@ tensors of the draft head included) lives in `serve.convert`.
 from models._cache import Cache, cache_logical_axes, init_cache
 from models._config import PRESETS, QwenConfig
 from models._delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
+from models._flash import flash_attention
 from models._model import Qwen, QwenOutput
 from models._moe import dense_experts, ragged_experts, sorted_experts
+from models._moe_sharded import shard_local_experts
 from models._mtp import MTPHead, MTPOutput, check_mtp_config
 from models._params import AXIS_NAMES
 from models._sampler import SampleOutput, Sampler
@@ -107,9 +114,11 @@ __all__ = [
     "check_mtp_config",
     "chunked_gated_delta_rule",
     "dense_experts",
+    "flash_attention",
     "ragged_experts",
     "init_cache",
     "recurrent_gated_delta_rule",
+    "shard_local_experts",
     "sorted_experts",
     "speculative_accept",
 ]

@@ -18,6 +18,7 @@ from flax import nnx
 from models import _params as P
 from models._cache import AttentionCache, Fill
 from models._config import QwenConfig
+from models._flash import flash_attention
 from models._norms import RMSNorm
 from models._positions import Segments, apply_rope
 
@@ -120,7 +121,9 @@ class Attention(nnx.Module):
             (q, k, v), gate = parts, None
         q = apply_rope(self.q_norm(q), *rope)
         k = apply_rope(self.k_norm(k), *rope)
-        if cache is None:
+        if cache is None and c.attention_impl == "flash" and x.shape[1] > c.attention_block_size:
+            out = flash_attention(q, k, v, doc=segments.doc, block_size=c.attention_block_size)
+        elif cache is None:
             slots = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
             out = attend(
                 q, k, v, q_slot=slots, k_slot=slots, q_doc=segments.doc, k_doc=segments.doc

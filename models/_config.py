@@ -17,6 +17,7 @@ FAMILIES = ("qwen3_5_moe", "qwen3_moe")
 LAYER_TYPES = ("linear_attention", "full_attention")
 MOE_DISPATCHES = ("dense", "sorted", "ragged")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
+ATTENTION_IMPLS = ("dense", "flash")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -63,6 +64,13 @@ class QwenConfig:
             (sort tokens by expert into fixed blocks: fast on CPU) or "ragged"
             (`jax.lax.ragged_dot`: for GPU/TPU). All are dropless and agree.
         moe_block_size: row block of the "sorted" dispatch.
+        moe_shard_local: under a mesh, run the dispatch per shard of the tokens
+            (`models._moe_sharded`): each device sorts only its own tokens, against expert
+            weights gathered whole. Same numbers; for training with a sharded batch.
+        attention_impl: full-attention layers without a cache: "dense" (the [T, T] score
+            matrix) or "flash" (`models._flash`: blocks of `attention_block_size`, online
+            softmax, O(T) memory; used when T exceeds one block). Same numbers.
+        attention_block_size: query/key block length of "flash" attention.
         remat: activation checkpointing of each scanned block: "none", "full",
             "save_dots" (keep matmul outputs) or "save_dots_no_batch".
         deltanet_chunk_size: chunk length of the chunked gated delta rule.
@@ -108,6 +116,9 @@ class QwenConfig:
     param_dtype: str = "float32"
     moe_dispatch: str = "sorted"
     moe_block_size: int = 128
+    moe_shard_local: bool = False
+    attention_impl: str = "dense"
+    attention_block_size: int = 512
     remat: str = "none"
     deltanet_chunk_size: int = 64
     scan_unroll: int = 1
@@ -293,6 +304,10 @@ def _validate_runtime(c: QwenConfig) -> None:
            f"must be one of {MOE_DISPATCHES}")  # fmt: skip
     _check(c.remat in REMAT_POLICIES, "remat", c.remat, f"must be one of {REMAT_POLICIES}")
     _check(c.moe_block_size > 0, "moe_block_size", c.moe_block_size, "must be positive")
+    _check(c.attention_impl in ATTENTION_IMPLS, "attention_impl", c.attention_impl,
+           f"must be one of {ATTENTION_IMPLS}")  # fmt: skip
+    _check(c.attention_block_size > 0, "attention_block_size", c.attention_block_size,
+           "must be positive")  # fmt: skip
     _check(c.deltanet_chunk_size > 0, "deltanet_chunk_size", c.deltanet_chunk_size,
            "must be positive")  # fmt: skip
     _check(c.scan_unroll > 0, "scan_unroll", c.scan_unroll, "must be positive")

@@ -18,6 +18,8 @@ The router statistics for the load-balancing loss are returned alongside.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -25,6 +27,7 @@ from flax import nnx
 from models import _params as P
 from models._config import QwenConfig
 from models._grouped_mlp import grouped_swiglu, plan_blocks
+from models._moe_sharded import shard_local_experts
 
 
 def _swiglu(h: jax.Array) -> jax.Array:
@@ -149,10 +152,14 @@ class MoE(nnx.Module):
         gate_up = self.gate_up_proj[...].astype(x.dtype)
         down = self.down_proj[...].astype(x.dtype)
         if c.moe_dispatch == "dense":
-            return dense_experts(x, idx, weights, gate_up, down)
-        if c.moe_dispatch == "sorted":
-            return sorted_experts(x, idx, weights, gate_up, down, block_size=c.moe_block_size)
-        return ragged_experts(x, idx, weights, gate_up, down)
+            dispatch = dense_experts
+        elif c.moe_dispatch == "sorted":
+            dispatch = functools.partial(sorted_experts, block_size=c.moe_block_size)
+        else:
+            dispatch = ragged_experts
+        if c.moe_shard_local:  # each data-parallel shard sorts only its own tokens
+            return shard_local_experts(dispatch, x, idx, weights, gate_up, down)
+        return dispatch(x, idx, weights, gate_up, down)
 
     def _project(self, x: jax.Array) -> tuple[jax.Array, ...]:
         """Router logits, and the shared expert's gate logit and gate/up, in one matmul."""

@@ -3,9 +3,11 @@
 A mesh over (`data`, `fsdp`, `expert`, `tensor`) built from a `MeshConfig`; rule tables that
 map the logical axis names parameters and activations carry to those mesh axes (one table for
 training parameters, one for training activations, one for sampling); sharded initialisation
-and batch placement; multi-process start-up.
+and batch placement; `local_map`, shard-local computation named by logical axes (the MoE
+dispatch); multi-process start-up.
 """
 
+from hat_jax.sharding._local import local_map, local_spec
 from hat_jax.sharding._mesh import (
     MESH_AXES,
     MeshConfig,
@@ -54,6 +56,8 @@ __all__ = [
     "global_batch",
     "init_sharded",
     "initialize_distributed",
+    "local_map",
+    "local_spec",
     "logical_names",
     "logical_to_spec",
     "make_mesh",

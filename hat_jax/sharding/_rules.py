@@ -11,10 +11,13 @@ out differently by purpose:
   an expert dimension are not replicated across the expert axis (for expert weights the
   `expert` mesh axis is already taken by their expert dimension and is skipped).
 - `ACTIVATION_RULES`: training activations: the batch over every data-like axis
-  (`data`, `fsdp`, `expert`), heads / MLP width / vocabulary over `tensor`.
+  (`data`, `fsdp`, `expert`), heads / MLP width / vocabulary over `tensor`. `moe_tokens`
+  (the token axis of a shard-local MoE dispatch, see `local_map`) splits over every axis,
+  `tensor` included: each device routes its own slice of the tokens through all experts.
 - `SAMPLING_RULES`: decoding, parameters and activations and caches together. No FSDP
   gathering per generated token: non-expert weights are replicated over `fsdp`, experts are
-  spread over `expert` and `fsdp`, the batch over `data` and `fsdp`.
+  spread over `expert` and `fsdp`, the batch over `data` and `fsdp`; `moe_tokens` is not
+  split (decoding keeps the GSPMD dispatch over the sharded experts).
 
 Resolution (`logical_to_spec`) skips mesh axes of size 1, mesh axes already used by an
 earlier dimension of the same array, and — given the array's shape — mesh axes that do not
@@ -75,6 +78,7 @@ ACTIVATION_RULES: Rules = (
     ("expert_mlp", "tensor"),
     ("expert", "expert"),
     ("tokens", _DATA_LIKE),
+    ("moe_tokens", (*_DATA_LIKE, "tensor")),
     ("layers", None),
     ("conv", None),
     ("conv_kernel", None),
@@ -102,6 +106,7 @@ SAMPLING_RULES: Rules = (
     ("expert_mlp", "tensor"),
     ("expert", ("expert", "fsdp")),
     ("tokens", ("data", "fsdp")),
+    ("moe_tokens", None),
     ("layers", None),
     ("conv", None),
     ("conv_kernel", None),
