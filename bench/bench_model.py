@@ -7,7 +7,11 @@ sort/group dispatch vs the dense reference at 32 experts top-4.
 
 Printed: median step times over interleaved repeats (the CPU may be shared, so the load
 average is printed too), the ratio, model FLOP/s as a fraction of this machine's float32
-matmul peak measured in the same run, and the dispatch ratio.
+matmul peak measured in the same run, and the dispatch ratio. Ours runs the CPU choices a
+user would make (sort/group MoE dispatch, the two layer blocks unrolled, no remat; every
+other runtime field at its default). On a busy machine (other work above the core count)
+the ratio is not meaningful: PyTorch's OpenMP threads slow down far more than XLA's under
+oversubscription, so a warning is printed.
 
     python -m bench.bench_model [--repeats 5] [--batch 4] [--length 512]
 """
@@ -199,8 +203,15 @@ def main() -> None:
           f"({config.layer_types.count('linear_attention')} DeltaNet), {EXPERTS} experts "
           f"top-{TOP_K}, batch {args.batch} x {args.length} tokens, float32, CPU "
           f"({os.cpu_count()} cores); transformers experts={impl[0]} attention={impl[1]}")  # fmt: skip
+    print(f"ours: moe_dispatch={config.moe_dispatch} moe_block_size={config.moe_block_size} "
+          f"deltanet_chunk_size={config.deltanet_chunk_size} remat={config.remat} "
+          f"scan_unroll={config.scan_unroll}")  # fmt: skip
     print(f"load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f}; "
           f"medians of {args.repeats} interleaved steps")  # fmt: skip
+    cores = os.cpu_count() or 1  # the run itself keeps about `cores` threads busy
+    if load_before[0] > cores or load_after[0] > 2 * cores:
+        print("WARNING: the machine was busy (load average above the core count): the ratio "
+              "below is not a valid measurement; rerun on an idle machine")  # fmt: skip
     print(f"matmul peak (fp32, 1024^3): jax {jax_peak / 1e9:.1f} GFLOP/s, "
           f"torch {torch_peak / 1e9:.1f} GFLOP/s")  # fmt: skip
     print(f"model FLOPs per fwd+bwd step: {flops / 1e9:.1f} GFLOP")
