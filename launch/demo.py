@@ -7,11 +7,15 @@ Stages, in order, each writing under `--workdir` (default `runs/demo`):
              (`launch.make_corpus`, train and dev splits).
 2. sft     — HSA-SFT of the tiny Qwen3.5-MoE on that corpus, with online HSA, checkpoints,
              metrics and plots (`launch.sft`, `configs/sft_demo.py`).
-3. export  — the final checkpoint converted to a Hugging Face directory (`serve.convert to-hf`),
-             reloaded with `transformers` and its logits compared with ours.
+3. mtp     — MTP draft-head adaptation: the SFT policy frozen, a draft head trained on its
+             own rollouts; acceptance before and after (`launch.mtp`, `configs/mtp_demo.py`).
+4. export  — the SFT policy with the adapted head converted to a Hugging Face directory
+             (`serve.convert to-hf --mtp`, with the `mtp.*` tensors SGLang reads), reloaded
+             with `transformers` and its logits compared with ours.
 
 `report.md` says what ran, how long it took, the figures, and where every output is. The
-pipeline is resumable: a rerun reuses a finished corpus and resumes SFT from its checkpoints.
+pipeline is resumable: a rerun reuses a finished corpus and resumes SFT and the MTP stage
+from their checkpoints.
 
   python -m launch.demo [--workdir runs/demo] [--steps 24] [--num_scenarios 40]
 """
@@ -89,22 +93,39 @@ def _sft(workdir: pathlib.Path) -> list[str]:
     return [curve, *sft.summary(result), f"overview plot: {result.plots_dir / 'overview.png'}"]
 
 
+def _mtp(workdir: pathlib.Path) -> list[str]:
+    from configs import mtp_demo
+    from launch import mtp
+
+    config = mtp_demo.get_config()
+    config.policy.path = str(workdir / "sft" / "checkpoints")
+    config.export.hf_dir = ""  # the export stage writes the policy and head together
+    result = mtp.run(config, run_dir=str(workdir / "mtp"))
+    files.write_text(workdir / "mtp" / "HEAD", str(result.head_dir))
+    return mtp.summary(result)
+
+
 def _export(workdir: pathlib.Path) -> list[str]:
     import numpy as np
 
     from serve import convert
 
     checkpoint = (workdir / "sft" / "LATEST").read_text().strip()
+    head = (workdir / "mtp" / "HEAD").read_text().strip()
     out = workdir / "hf"
     if out.exists():
         shutil.rmtree(out)
     convert.main(
-        ["to-hf", "--checkpoint", checkpoint, "--out", str(out), "--dtype", "float32",
+        ["to-hf", "--checkpoint", checkpoint, "--mtp", head, "--out", str(out),
+         "--dtype", "float32",
          "--tokenizer_dir", str(pathlib.Path(__file__).parents[1] / "data" / "tokenizer")]
     )  # fmt: skip
+    if not convert.has_mtp(out):
+        raise RuntimeError(f"{out}: the export holds no mtp.* draft head")
     diff = _compare_with_transformers(out, np)
     return [
-        f"Hugging Face directory: {out} (config.json, safetensors, tokenizer, chat template)",
+        f"Hugging Face directory: {out} (config.json, safetensors with the mtp.* draft head, "
+        "tokenizer, chat template)",
         f"reloaded with transformers.AutoModelForCausalLM: max |logits diff| vs ours {diff:.2e}",
     ]
 
@@ -134,6 +155,7 @@ STAGES = [
     ("environment", _environment),
     ("corpus", _corpus),
     ("sft", _sft),
+    ("mtp", _mtp),
     ("export", _export),
 ]
 
