@@ -175,7 +175,7 @@ def adapted_pair(directory: pathlib.Path):
 
 
 def speculative(model, plain: Sampler, prompts: np.ndarray, args) -> None:
-    """Plain vs speculative decoding tokens/s (one timed call each, after compiling): the
+    """Plain vs speculative decoding tokens/s (greedy and temperature 1, after compiling): the
     adapted head of `--mtp_dir` on its policy when that directory exists, else a random
     head on the benchmark's model."""
     directory = pathlib.Path(args.mtp_dir)
@@ -196,29 +196,27 @@ def speculative(model, plain: Sampler, prompts: np.ndarray, args) -> None:
         ),
     }
 
-    def call(s, sampling=GREEDY):
-        return s(rows, max_new_tokens=NEW, sampling=sampling, stop_tokens=stops, seed=0)
+    def call(s):
+        return s(rows, max_new_tokens=NEW, sampling=GREEDY, stop_tokens=stops)
 
     outputs = {name: call(s) for name, s in samplers.items()}  # compiles
     same = np.array_equal(outputs["plain"].tokens, outputs["speculative"].tokens)
-    tokens = int(outputs["plain"].lengths.sum())
-    tps = {name: tokens / _timed(lambda s=s: call(s)) for name, s in samplers.items()}
     accept = outputs["speculative"].acceptance_length
-    print(f"MTP head: {origin}; k = {args.draft_tokens} drafts")
-    print(f"greedy ({tokens} tokens): plain {tps['plain']:.1f} tokens/s, speculative "
-          f"{tps['speculative']:.1f} tokens/s = {tps['speculative'] / tps['plain']:.2f}x; "
-          f"acceptance length {accept:.2f}; identical tokens: {same}")  # fmt: skip
-    # Temperature 1 (the same compiled programs): tokens differ, each run counts its own.
-    warm = Sampling(temperature=1.0)
-    rates, lengths = {}, {}
-    for name, s in samplers.items():
-        start = time.perf_counter()
-        out = call(s, warm)
-        rates[name] = int(out.lengths.sum()) / (time.perf_counter() - start)
-        lengths[name] = out.acceptance_length
-    print(f"temperature 1: plain {rates['plain']:.1f} tokens/s, speculative "
-          f"{rates['speculative']:.1f} tokens/s = {rates['speculative'] / rates['plain']:.2f}x; "
-          f"acceptance length {lengths['speculative']:.2f}")  # fmt: skip
+    print(f"MTP head: {origin}; k = {args.draft_tokens} drafts; medians of 3 interleaved calls")
+    for label, sampling in (("greedy", GREEDY), ("temperature 1", Sampling(temperature=1.0))):
+        rates = {name: [] for name in samplers}
+        for seed in range(3):  # tokens differ per seed when sampling: each call counts its own
+            for name, s in samplers.items():
+                start = time.perf_counter()
+                out = s(rows, max_new_tokens=NEW, sampling=sampling, stop_tokens=stops, seed=seed)
+                rates[name].append(int(out.lengths.sum()) / (time.perf_counter() - start))
+                if name == "speculative":
+                    accept = out.acceptance_length
+        tps = {name: statistics.median(r) for name, r in rates.items()}
+        print(f"{label}: plain {tps['plain']:.1f} tokens/s, speculative "
+              f"{tps['speculative']:.1f} tokens/s = {tps['speculative'] / tps['plain']:.2f}x; "
+              f"acceptance length {accept:.2f}"
+              + (f"; identical tokens: {same}" if sampling.greedy else ""))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -291,17 +291,18 @@ class Sampler:
             gen_slots=gen_slots,
             num_draft_tokens=self.num_draft_tokens,
         )
-        return self._output(prompts, jax.device_get(state))
+        # Only the outputs travel to the host; the caches stay on the device and are freed.
+        counts = None if state.draft is None else (state.draft.accepted, state.draft.verified)
+        return self._output(prompts, *jax.device_get((state.out, counts)))
 
-    def _output(self, prompts, state: loop.LoopState) -> SampleOutput:
+    def _output(self, prompts, out: loop.Buffers, counts) -> SampleOutput:
         batch = len(prompts)
-        out = state.out
         lengths = np.asarray(out.length[:batch])
         valid = np.arange(out.tokens.shape[1])[None, :] < lengths[:, None]
         acceptance = None
-        if state.draft is not None:
-            verified = max(int(state.draft.verified), 1)
-            acceptance = 1.0 + int(state.draft.accepted) / verified
+        if counts is not None:
+            accepted, verified = (int(c) for c in counts)
+            acceptance = 1.0 + accepted / max(verified, 1)
         return SampleOutput(
             prompts=tuple(prompts),
             tokens=np.where(valid, np.asarray(out.tokens[:batch]), self.pad_id),
