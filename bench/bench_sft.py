@@ -1,22 +1,29 @@
 """SFT train-step throughput: tokens/s and model FLOP utilisation, and the memory plan.
 
-  python -m bench.bench_sft [--repeats 5] [--no-plan]
+  python -m bench.bench_sft [--repeats 7] [--only mid] [--no-plan]
 
 For the demo model (tiny Qwen3.5-MoE, the demo tokenizer's vocabulary) and the mid-size config
 of `bench_model` (hidden 256, 8 layers, 32 experts top-4, seq 512, batch 4), both fp32 on one
 CPU device: the full `make_train_step` (SFT loss with masking and the aux loss, global-norm
-clipping, AdamW, the non-finite guard, donated state) against its peer measured in the same
-run, the model's bare forward+backward (`bench_model`'s step), and the model FLOPs utilisation
-against this machine's float32 matmul peak (also measured here). Then the memory plan of the
-production config (`launch.plan`, FSDP on 8 x 96 GB and 16 x 80 GB), in its own process.
+clipping, AdamW, the non-finite guard, donated state) against its peer, the model's bare
+forward+backward (`bench_model`'s step), and the model FLOPs utilisation against this
+machine's float32 matmul peak.
+
+The machine may be shared, so nothing is timed alone: everything is compiled and warmed up
+first, then timed in interleaved rounds (one call of each per round), each round also
+probing the matmul peak; a round's MFU divides its step time by the peak probed seconds
+before, and the table gives the median over rounds with its range. Then the memory plan of
+the production config (`launch.plan` on 8 x 96 GB and 16 x 80 GB), in its own process.
 """
 
 import argparse
 import functools
+import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,31 +35,16 @@ from hat_jax import sharding, train
 from models import Qwen, QwenConfig
 
 
-def matmul_peak(n: int = 1024, repeats: int = 15) -> float:
-    """Median float32 FLOP/s of an n x n x n JAX matmul on this machine."""
+def matmul_peak_fn(n: int = 1024) -> tuple[Callable[[], None], float]:
+    """A float32 n x n x n JAX matmul (compiled) and its FLOPs: the peak's probe."""
     a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f(a).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return 2 * n**3 / statistics.median(times)
+    return (lambda: f(a).block_until_ready()), 2.0 * n**3
 
 
-def _median(fn, repeats: int) -> float:
-    fn()  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def sft_step_seconds(config: QwenConfig, batch: int, length: int, repeats: int) -> float:
-    """Median seconds of one full SFT train step on one device."""
+def sft_step_fn(config: QwenConfig, batch: int, length: int) -> Callable[[], None]:
+    """One full SFT train step on one device, compiled and warmed up: call it to time it."""
     mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
     model_fn = lambda: Qwen(config, rngs=nnx.Rngs(0))  # noqa: E731
     graphdef, params, rest = train.abstract_split(model_fn, mesh)
@@ -78,15 +70,44 @@ def sft_step_seconds(config: QwenConfig, batch: int, length: int, repeats: int) 
         box[0], metrics = step(box[0], data)
         jax.block_until_ready(metrics["loss"])
 
-    return _median(run, repeats)
+    run()
+    return run
 
 
-def model_step_seconds(config: QwenConfig, batch: int, length: int, repeats: int) -> float:
-    """Median seconds of the model's bare forward+backward (the peer)."""
+def model_step_fn(config: QwenConfig, batch: int, length: int) -> Callable[[], None]:
+    """The model's bare forward+backward (the peer), compiled and warmed up."""
     model = Qwen(config, rngs=nnx.Rngs(0))
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (batch, length))
     fn, _ = ours_step(model, ids)
-    return _median(fn, repeats)
+    fn()
+    return fn
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(fns: dict[str, Callable[[], None]], repeats: int, peak_probes: int = 3):
+    """Seconds per call of every fn, one call each per round, round after round.
+
+    Each round also probes the matmul peak (`peak` key: the fastest of `peak_probes` calls,
+    the machine's best rate at that moment), so a figure and the peak it is divided by are
+    measured seconds apart, under the same load from other processes.
+    """
+    peak_fn, _ = matmul_peak_fn()
+    times: dict[str, list[float]] = {name: [] for name in ("peak", *fns)}
+    for _ in range(repeats):
+        times["peak"].append(min(_timed(peak_fn) for _ in range(peak_probes)))
+        for name, fn in fns.items():
+            times[name].append(_timed(fn))
+    return times
+
+
+def _spread(values: list[float]) -> str:
+    """median [min, max] of per-round values, as percentages."""
+    return f"{statistics.median(values):6.1%} [{min(values):.0%}, {max(values):.0%}]"
 
 
 def _configs() -> list[tuple[str, QwenConfig, int, int]]:
@@ -101,24 +122,38 @@ def _configs() -> list[tuple[str, QwenConfig, int, int]]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_sft")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", choices=("demo", "mid"), help="one config only")
     parser.add_argument("--no-plan", action="store_true", help="skip the memory plan")
     args = parser.parse_args(argv)
-    peak = matmul_peak()
-    print(f"matmul peak (fp32, 1024^3, jax): {peak / 1e9:.1f} GFLOP/s")
-    print(f"{'config':34s} {'tokens/s':>10s} {'step s':>8s} {'MFU':>6s} {'fwd+bwd s':>10s} "
+    configs = [c for c in _configs() if args.only is None or c[0].startswith(args.only)]
+    fns = {}
+    for name, config, batch, length in configs:
+        fns[f"{name}/step"] = sft_step_fn(config, batch, length)
+        fns[f"{name}/bare"] = model_step_fn(config, batch, length)
+    load = os.getloadavg()[0]
+    times = interleaved(fns, args.repeats)
+    _, peak_flops = matmul_peak_fn()
+    peaks = [peak_flops / t for t in times["peak"]]
+    print(f"{args.repeats} interleaved rounds (load average {load:.1f} -> "
+          f"{os.getloadavg()[0]:.1f}); matmul peak (fp32, 1024^3, best of 3 per round): "
+          f"median {statistics.median(peaks) / 1e9:.1f} GFLOP/s "
+          f"[{min(peaks) / 1e9:.1f}, {max(peaks) / 1e9:.1f}]")  # fmt: skip
+    print(f"{'config':30s} {'tokens/s':>9s} {'step s':>7s} {'MFU median [min, max]':>22s} "
           f"{'step/fwd+bwd':>12s}")  # fmt: skip
-    for name, config, batch, length in _configs():
-        step_s = sft_step_seconds(config, batch, length, args.repeats)
-        bare_s = model_step_seconds(config, batch, length, args.repeats)
-        mfu = model_flops(config, batch, length) / step_s / peak
-        print(f"{name:34s} {batch * length / step_s:10.0f} {step_s:8.3f} {mfu:6.1%} "
-              f"{bare_s:10.3f} {step_s / bare_s:12.2f}x", flush=True)  # fmt: skip
+    for name, config, batch, length in configs:
+        step, bare = times[f"{name}/step"], times[f"{name}/bare"]
+        flops = model_flops(config, batch, length)
+        # per round: the step against the peak probed in the same round
+        mfu = [flops / s / p for s, p in zip(step, peaks, strict=True)]
+        ratio = statistics.median(s / b for s, b in zip(step, bare, strict=True))
+        median_step = statistics.median(step)
+        print(f"{name:30s} {batch * length / median_step:9.0f} {median_step:7.3f} "
+              f"{_spread(mfu):>22s} {ratio:11.2f}x", flush=True)  # fmt: skip
     if not args.no_plan:
         print("\nmemory plan, Qwen3.6-35B-A3B full SFT, 8K tokens per device (launch.plan):",
               flush=True)  # fmt: skip
-        cmd = [sys.executable, "-m", "launch.plan", "--config=configs/sft_qwen3_6_35b_a3b.py",
-               "--layouts=fsdp"]  # fmt: skip
+        cmd = [sys.executable, "-m", "launch.plan", "--config=configs/sft_qwen3_6_35b_a3b.py"]
         return subprocess.call(cmd)
     return 0
 

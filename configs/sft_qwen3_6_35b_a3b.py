@@ -46,5 +46,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.optimizer.decay_steps = 300
     c.optimizer.weight_decay = 0.1
     c.mesh.fsdp = -1
-    c.logits_chunk = 2048
+    c.logits_chunk = 1024  # [1024, 248K] float32 logits per step of the loss scan, not [8K, 248K]
     return c
