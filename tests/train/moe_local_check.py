@@ -48,7 +48,7 @@ def main() -> None:
         experts = [jax.device_put(a, NamedSharding(mesh, PartitionSpec("expert")))
                    for a in (gate_up, down)]  # fmt: skip
 
-        def step(*a):
+        def step(*a, mesh=mesh):
             with sharding.use_rules(sharding.ACTIVATION_RULES, mesh):
                 return grad(models.shard_local_experts, *a)
 
@@ -59,8 +59,10 @@ def main() -> None:
         out[name] = {
             "spec": str(used),
             "value": float(jnp.abs(got - want).max()),
-            "grads": [float(jnp.abs(g - w).max() / jnp.abs(w).max())
-                      for g, w in zip(got_grads, want_grads, strict=True)],  # fmt: skip
+            "grads": [
+                float(jnp.abs(g - w).max() / jnp.abs(w).max())
+                for g, w in zip(got_grads, want_grads, strict=True)
+            ],  # fmt: skip
         }
     print(json.dumps(out), flush=True)
 
