@@ -2,14 +2,21 @@
 
   python -m launch.plan --config=configs/sft_qwen3_6_35b_a3b.py
   python -m launch.plan --config=configs/sft_qwen3_6_35b_a3b.py --setups=8x96,16x80 \
-      --layouts=fsdp,expert8,fsdp_bf16 --out=runs/plan.md
+      --layouts=fsdp,fsdp_bf16,expert8 --out=runs/plan.md
 
 For each setup (`<devices>x<GiB per device>`) and layout, the train step is compiled for
 that many simulated CPU devices with abstract arrays (nothing is allocated) and XLA's memory
 analysis is read: per-device train state, temporaries and peak, and whether it fits with 10%
 of the device kept free. Each device takes one `seq_len` row per micro-batch; the config's
-batch is reached by gradient accumulation. The MoE dispatch is compiled as "sorted" (XLA's CPU
-lowering of `ragged_dot` materialises dense per-expert buffers, which a GPU does not).
+batch is reached by gradient accumulation. The model's runtime fields come from the config
+(production: shard-local MoE dispatch, flash attention, full remat, chunked loss); the MoE
+dispatch is compiled as "sorted" (XLA's CPU lowering of `ragged_dot` materialises dense
+per-expert buffers, which a GPU does not).
+
+The figures are an upper bound for a GPU: XLA:CPU upcasts bfloat16 matmuls to float32 (the
+gathered expert weights, activations and their gradients of the layer being computed appear
+at twice their size), and the "sorted" dispatch gathers each row block's expert weights,
+which `ragged_dot` on a GPU does not. The train state and its gradients are exact.
 Layouts: fsdp (every device shards everything), expertN (experts over N devices, the rest
 FSDP), fsdp_bf16 / expertN_bf16 (parameters and AdamW moments in bfloat16).
 """
@@ -21,7 +28,7 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/sft_qwen3_6_35b_a3b.py")
 _SETUPS = flags.DEFINE_list("setups", ["8x96", "16x80"], "<devices>x<GiB per device> each.")
-_LAYOUTS = flags.DEFINE_list("layouts", ["fsdp", "expert8"], "Mesh layouts to compile.")
+_LAYOUTS = flags.DEFINE_list("layouts", ["fsdp", "fsdp_bf16"], "Mesh layouts to compile.")
 _DISPATCH = flags.DEFINE_string("moe_dispatch", "sorted", "MoE dispatch to compile on CPU.")
 _OUT = flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
 
@@ -82,8 +89,9 @@ def main(argv):
     c = _CONFIG.value
     rows = [
         "| devices x HBM | layout (data, fsdp, expert, tensor) | params | tokens/device/micro | "
-        "state GiB | temporaries GiB | peak GiB | fits | largest buffer | compile s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "micro | state GiB | arguments GiB | outputs GiB (aliased) | temporaries GiB | "
+        "peak GiB | fits | largest buffer | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for devices, hbm in setups:
         for layout in _LAYOUTS.value:
@@ -94,7 +102,9 @@ def main(argv):
             )
             rows.append(
                 f"| {int(devices)} x {hbm:g} GB | {layout} ({mesh}) | {plan.params / 1e9:.2f}B "
-                f"{model.param_dtype} | {plan.seq_len} | {plan.state_bytes / GIB:.1f} | "
+                f"{model.param_dtype} | {plan.seq_len} | {plan.micro_batches} | "
+                f"{plan.state_bytes / GIB:.1f} | {plan.arguments / GIB:.1f} | "
+                f"{plan.outputs / GIB:.1f} ({plan.aliased / GIB:.1f}) | "
                 f"{plan.temporaries / GIB:.1f} | {plan.peak / GIB:.1f} | "
                 f"{'yes' if plan.fits(hbm * 1e9) else 'no'} | {big} | {plan.compile_seconds:.0f} |"
             )
