@@ -35,6 +35,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             attention_impl="dense",
             attention_block_size=512,
             remat="none",
+            # True: also checkpoint each layer inside a block (one layer's activations at a time)
+            remat_per_layer=False,
         )
     )
     c.init = ml_collections.ConfigDict(dict(kind="random", path=""))

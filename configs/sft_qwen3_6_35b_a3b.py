@@ -30,6 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.attention_impl = "flash"  # no [T, T] scores in the full-attention layers
     c.model.attention_block_size = 512
     c.model.remat = "full"
+    c.model.remat_per_layer = True  # the backward of a block holds one layer at a time
     c.init.kind = "hf"
     c.init.path = ""  # required: the local Hugging Face checkpoint directory
     c.data.corpus = ""  # required: the teacher corpus directory

@@ -73,6 +73,9 @@ class QwenConfig:
         attention_block_size: query/key block length of "flash" attention.
         remat: activation checkpointing of each scanned block: "none", "full",
             "save_dots" (keep matmul outputs) or "save_dots_no_batch".
+        remat_per_layer: also checkpoint each layer inside a block (nested), so the backward
+            pass of a block holds one layer's recomputed activations at a time, not all of
+            the block's (3 DeltaNet + 1 attention layers for Qwen3.5). Same numbers.
         deltanet_chunk_size: chunk length of the chunked gated delta rule.
         scan_unroll: blocks per iteration of the layer scan: 1 keeps compile time flat in
             depth; unrolling a shallow model (CPU, demo) lets XLA drop the per-iteration
@@ -120,6 +123,7 @@ class QwenConfig:
     attention_impl: str = "dense"
     attention_block_size: int = 512
     remat: str = "none"
+    remat_per_layer: bool = False
     deltanet_chunk_size: int = 64
     scan_unroll: int = 1
 

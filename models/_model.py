@@ -79,17 +79,28 @@ class DecoderLayer(nnx.Module):
         return x + h, counts, prob_sums, cache
 
 
+@nnx.remat
+def _remat_layer(layer, x, segments, rope):
+    return layer(x, segments, rope)
+
+
 class Block(nnx.Module):
     """One repeat of the layer pattern."""
 
     def __init__(self, config: QwenConfig):
         self.layers = nnx.List([DecoderLayer(config, k) for k in config.block_pattern])
+        self.remat_layers = config.remat_per_layer
 
     def __call__(self, x, segments: Segments, rope, caches=None, fill: Fill | None = None):
         counts = prob_sums = 0.0
         new_caches = []
         for i, layer in enumerate(self.layers):
             cache = None if caches is None else caches[i]
+            if self.remat_layers and caches is None:  # nested checkpoint: one layer at a time
+                x, c, p, cache = _remat_layer(layer, x, segments, rope)
+                new_caches.append(cache)
+                counts, prob_sums = counts + c, prob_sums + p
+                continue
             x, c, p, cache = layer(x, segments, rope, cache, fill)
             counts, prob_sums = counts + c, prob_sums + p
             new_caches.append(cache)
