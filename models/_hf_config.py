@@ -21,7 +21,11 @@ _RUNTIME_FIELDS = (
     "param_dtype",
     "moe_dispatch",
     "moe_block_size",
+    "moe_shard_local",
+    "attention_impl",
+    "attention_block_size",
     "remat",
+    "remat_per_layer",
     "deltanet_chunk_size",
     "scan_unroll",
 )
