@@ -145,15 +145,16 @@ def make_train_step(
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        # A select, not a `lax.cond`: the update, the cast back to the stored dtypes (float32
-        # gradients must not promote lower-precision parameters or moments) and the choice
-        # fuse into one elementwise pass per leaf, in place in the donated buffers; a
-        # conditional keeps separate branch outputs (a second copy of the optimiser state).
-        params, opt_state = jax.tree.map(
-            lambda x, old: jnp.where(finite, x.astype(old.dtype), old),
-            (optax.apply_updates(state.params, updates), opt_state),
-            (state.params, state.opt_state),
+        def apply(_):
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            new = (optax.apply_updates(state.params, updates), opt_state)
+            # float32 gradients must not promote lower-precision parameters or moments
+            return jax.tree.map(
+                lambda x, old: x.astype(old.dtype), new, (state.params, state.opt_state)
+            )
+
+        params, opt_state = jax.lax.cond(
+            finite, apply, lambda _: (state.params, state.opt_state), None
         )
         skipped = (~finite).astype(jnp.int32)
         new = state.replace(
