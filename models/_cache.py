@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from models import _params as P
 from models._config import QwenConfig
+from models._positions import Segments
 
 
 @jax.tree_util.register_dataclass
@@ -255,3 +256,43 @@ def plan_fill(
     lead = jnp.where(count > 0, jnp.argmax(is_valid, axis=1), 0).astype(jnp.int32)
     valid = jnp.arange(length)[None, :] < count[:, None]
     return Fill(start=cache.end, count=count, valid=valid), lead
+
+
+def prepare_call(
+    cache: Cache,
+    input_ids: jax.Array,
+    segment_ids: jax.Array | None,
+    positions: jax.Array | None,
+    *rows: jax.Array,
+) -> tuple[Fill, jax.Array | None, Segments, jax.Array, tuple[jax.Array, ...]]:
+    """Everything a cached call needs before it runs its layers.
+
+    Plans the fill (`plan_fill`), moves each row's valid tokens to the front (`input_ids`,
+    `positions` and any extra per-token `rows`, e.g. the MTP head's hidden states), and gives
+    default positions continuing each row (`end[b]`, `end[b] + 1`, ...).
+
+    Returns:
+      `(fill, lead, segments, input_ids, rows)`: `lead` is None when nothing was moved; pass
+      it to `restore_outputs` to put the outputs back in the caller's layout.
+    """
+    fill, lead = plan_fill(input_ids, segment_ids, cache)
+    if lead is not None:
+        input_ids, *moved = (compact_rows(x, lead) for x in (input_ids, *rows))
+        rows = tuple(moved)
+        positions = None if positions is None else compact_rows(positions, lead)
+    if positions is None:
+        steps = jnp.arange(input_ids.shape[1], dtype=jnp.int32)
+        positions = fill.start[:, None] + steps[None, :]
+    segments = Segments(
+        doc=jnp.zeros(input_ids.shape, jnp.int32),
+        positions=positions.astype(jnp.int32),
+        valid=fill.valid,
+    )
+    return fill, lead, segments, input_ids, tuple(rows)
+
+
+def restore_outputs(lead: jax.Array | None, *outputs: jax.Array) -> tuple[jax.Array, ...]:
+    """`restore_rows` of each output, or the outputs as they are when `lead` is None."""
+    if lead is None:
+        return outputs
+    return tuple(restore_rows(x, lead) for x in outputs)

@@ -212,25 +212,15 @@ class Qwen(nnx.Module):
                 f"cache has {len(cache.layers)} layer entries, the model's layer pattern "
                 f"{len(self.config.block_pattern)}: build it with model.init_cache"
             )
-        fill, lead = _cache.plan_fill(input_ids, segment_ids, cache)
-        if lead is not None:
-            input_ids = _cache.compact_rows(input_ids, lead)
-            positions = None if positions is None else _cache.compact_rows(positions, lead)
-        length = input_ids.shape[1]
-        if positions is None:
-            positions = fill.start[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
-        segments = Segments(
-            doc=jnp.zeros(input_ids.shape, jnp.int32),
-            positions=positions.astype(jnp.int32),
-            valid=fill.valid,
+        fill, lead, segments, input_ids, _ = _cache.prepare_call(
+            cache, input_ids, segment_ids, positions
         )
         x, counts, prob_sums, layers = self._run_blocks(
             self._embed(input_ids), segments, self._rope(segments), cache.layers, fill
         )
         hidden = self.final_norm(x)
         logits = self._unembed(hidden)
-        if lead is not None:
-            hidden, logits = _cache.restore_rows(hidden, lead), _cache.restore_rows(logits, lead)
+        hidden, logits = _cache.restore_outputs(lead, hidden, logits)
         return QwenOutput(
             logits=logits,
             hidden=hidden,

@@ -34,7 +34,7 @@ from models._cache import Cache
 from models._config import QwenConfig
 from models._model import DecoderLayer, Qwen
 from models._norms import RMSNorm
-from models._positions import Segments, rope_angles, segments_from_ids
+from models._positions import rope_angles, segments_from_ids
 
 
 @jax.tree_util.register_dataclass
@@ -139,27 +139,15 @@ class MTPHead(nnx.Module):
         return MTPOutput(logits=logits, hidden=out_hidden, aux_loss=aux)
 
     def _cached(self, hidden, next_input_ids, target, positions, segment_ids, cache: Cache):
-        fill, lead = _cache.plan_fill(next_input_ids, segment_ids, cache)
-        if lead is not None:
-            hidden = _cache.compact_rows(hidden, lead)
-            next_input_ids = _cache.compact_rows(next_input_ids, lead)
-            positions = None if positions is None else _cache.compact_rows(positions, lead)
-        length = next_input_ids.shape[1]
-        if positions is None:
-            positions = fill.start[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
-        segments = Segments(
-            doc=jnp.zeros(next_input_ids.shape, jnp.int32),
-            positions=positions.astype(jnp.int32),
-            valid=fill.valid,
+        fill, lead, segments, next_input_ids, (hidden,) = _cache.prepare_call(
+            cache, next_input_ids, segment_ids, positions, hidden
         )
         rope = rope_angles(segments.positions, self.config.rotary_dim, self.config.rope_theta)
         x = self._inputs(hidden, next_input_ids, target)
         layer_cache = jax.tree.map(lambda a: a[0], cache.layers[0])
         y, counts, prob_sums, layer_cache = self.layer(x, segments, rope, layer_cache, fill)
         out_hidden, logits, aux = self._finish(y, counts, prob_sums, fill.valid, target)
-        if lead is not None:
-            out_hidden = _cache.restore_rows(out_hidden, lead)
-            logits = _cache.restore_rows(logits, lead)
+        out_hidden, logits = _cache.restore_outputs(lead, out_hidden, logits)
         new_cache = Cache(
             end=fill.start + fill.count, layers=(jax.tree.map(lambda a: a[None], layer_cache),)
         )
