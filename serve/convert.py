@@ -150,14 +150,12 @@ def _expected(config: QwenConfig, prefix: str, plan) -> dict[str, tuple[int, ...
     return expected
 
 
-def _check_names(tensors: _Tensors, expected: Mapping[str, tuple[int, ...]]) -> None:
-    """Raises `HFCheckpointError` naming missing, unexpected and mis-shaped tensors."""
-    present = set(tensors.weight_map)
+def _problems(
+    tensors: _Tensors, expected: Mapping[str, tuple[int, ...]], present: set[str]
+) -> list[str]:
+    """Missing, unexpected (of `present`) and mis-shaped tensors, each kind on one line."""
     missing = sorted(set(expected) - present)
-    mtp = sorted(n for n in present if n.startswith("mtp."))
-    skipped = sorted(n for n in present if n.startswith(_SKIPPED_PREFIXES))
-    ignored = set(mtp) | set(skipped) | {n for n in present if n.endswith("rotary_emb.inv_freq")}
-    extra = sorted(present - set(expected) - ignored)
+    extra = sorted(present - set(expected))
     shapes = [
         f"{n}: file {tensors.shape(n)} vs expected {s}"
         for n, s in expected.items()
@@ -170,6 +168,16 @@ def _check_names(tensors: _Tensors, expected: Mapping[str, tuple[int, ...]]) -> 
         problems.append(f"{len(extra)} unexpected: {', '.join(extra[:40])}")
     if shapes:
         problems.append(f"{len(shapes)} mis-shaped: {'; '.join(shapes[:40])}")
+    return problems
+
+
+def _check_names(tensors: _Tensors, expected: Mapping[str, tuple[int, ...]]) -> None:
+    """Raises `HFCheckpointError` naming missing, unexpected and mis-shaped tensors."""
+    present = set(tensors.weight_map)
+    mtp = sorted(n for n in present if n.startswith(_hf_map.MTP_PREFIX))
+    skipped = sorted(n for n in present if n.startswith(_SKIPPED_PREFIXES))
+    ignored = set(mtp) | set(skipped) | {n for n in present if n.endswith("rotary_emb.inv_freq")}
+    problems = _problems(tensors, expected, present - ignored)
     if problems:
         raise HFCheckpointError(f"{tensors.dir} does not match its config: " + " | ".join(problems))
     if mtp:
@@ -301,20 +309,7 @@ def _check_mtp_names(tensors: _Tensors, config: QwenConfig) -> str:
     fused = f"{_hf_map.MTP_LAYER}mlp.experts.gate_up_proj" in present
     experts = "per_expert" if per_expert and not fused else "fused"
     expected = _hf_map.mtp_shapes(config, experts)
-    missing = sorted(set(expected) - present)
-    extra = sorted(present - set(expected))
-    shapes = [
-        f"{n}: file {tensors.shape(n)} vs expected {s}"
-        for n, s in expected.items()
-        if n in present and tensors.shape(n) != s
-    ]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing: {', '.join(missing[:40])}")
-    if extra:
-        problems.append(f"{len(extra)} unexpected: {', '.join(extra[:40])}")
-    if shapes:
-        problems.append(f"{len(shapes)} mis-shaped: {'; '.join(shapes[:40])}")
+    problems = _problems(tensors, expected, present)
     if problems:
         raise HFCheckpointError(
             f"{tensors.dir}: the MTP head does not match the model config "
