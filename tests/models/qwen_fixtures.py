@@ -9,6 +9,7 @@ implementations), in float32.
 from __future__ import annotations
 
 import functools
+import json
 import pathlib
 
 import jax
@@ -16,12 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from flax import nnx
+from safetensors import safe_open
 from transformers import (
     Qwen3_5MoeForCausalLM,
     Qwen3_5MoeTextConfig,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
+
+from models import QwenConfig
 
 VOCAB = 512
 LENGTH = 520  # >= 512 and not a multiple of the DeltaNet chunk (64)
@@ -76,6 +80,25 @@ def qwen3_moe_config(num_layers: int = 3, **overrides) -> Qwen3MoeConfig:
     )
     fields.update(overrides)
     return Qwen3MoeConfig(**fields)
+
+
+def tiny_qwen3_moe(**overrides) -> QwenConfig:
+    """A 2-layer Qwen3-MoE `QwenConfig` (full attention only, 8 experts top-2) for fast tests;
+    `overrides` set the vocabulary, dtypes and dispatch each test needs."""
+    fields = dict(
+        hidden_size=64,
+        num_layers=2,
+        layer_types=("full_attention",) * 2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        dtype="float32",
+        remat="none",
+    )
+    return QwenConfig.preset("qwen3_30b_a3b").replace(**{**fields, **overrides})
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
@@ -154,3 +177,18 @@ def forward(model, ids, segment_ids=None, positions=None):
     """A jitted forward pass, compiled once per model structure and input shapes."""
     graphdef, state = nnx.split(model)
     return _forward(graphdef, state, jnp.asarray(ids), segment_ids, positions)
+
+
+def read_exported(directory) -> dict[str, np.ndarray]:
+    """Every tensor of an exported HF directory, read with safetensors alone (not our loader);
+    checks that the index names each tensor's file and nothing else."""
+    directory = pathlib.Path(directory)
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    out = {}
+    for file in sorted(set(index["weight_map"].values())):
+        with safe_open(directory / file, "np") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                assert index["weight_map"][name] == file
+                out[name] = f.get_tensor(name)
+    assert set(out) == set(index["weight_map"])
+    return out

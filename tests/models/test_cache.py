@@ -18,6 +18,7 @@ from flax import nnx
 
 from models import Qwen, QwenConfig, chunked_gated_delta_rule
 from models._deltanet import delta_rule_steps
+from tests.models.qwen_fixtures import tiny_qwen3_moe
 
 TOLERANCE = 2e-5
 PROMPT_LENGTHS = (21, 2, 13)  # 2 < conv kernel - 1; 21 > the chunk size of 16
@@ -30,22 +31,7 @@ CONFIGS = {
     "qwen3_5": QwenConfig.preset(
         "tiny", vocab_size=256, deltanet_chunk_size=16, moe_dispatch="dense"
     ),
-    "qwen3_moe": QwenConfig.preset("qwen3_30b_a3b").replace(
-        vocab_size=256,
-        hidden_size=64,
-        num_layers=2,
-        layer_types=("full_attention",) * 2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        dtype="float32",
-        param_dtype="float32",
-        remat="none",
-        moe_dispatch="dense",
-    ),  # fmt: skip
+    "qwen3_moe": tiny_qwen3_moe(vocab_size=256, param_dtype="float32", moe_dispatch="dense"),
 }
 
 

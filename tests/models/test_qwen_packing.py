@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from models import Qwen, QwenConfig
-from tests.models.qwen_fixtures import forward
+from tests.models.qwen_fixtures import forward, tiny_qwen3_moe
 
 LENGTH = 272
 DOCS = {1: (0, 64), 2: (64, 154), 3: (160, 261)}
@@ -19,21 +19,7 @@ TOLERANCE = 2e-5
 
 CONFIGS = {
     "qwen3_5": QwenConfig.preset("tiny"),
-    "qwen3_moe": QwenConfig.preset("qwen3_30b_a3b").replace(
-        vocab_size=2048,
-        hidden_size=64,
-        num_layers=2,
-        layer_types=("full_attention",) * 2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        dtype="float32",
-        remat="none",
-        moe_dispatch="sorted",
-    ),  # fmt: skip
+    "qwen3_moe": tiny_qwen3_moe(vocab_size=2048, moe_dispatch="sorted"),
 }
 
 

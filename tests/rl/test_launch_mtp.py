@@ -2,7 +2,6 @@
 adaptation stage on instruction prompts with the demo tokenizer, and the HF export with the
 `mtp.*` tensors (which transformers still loads)."""
 
-import json
 import pathlib
 
 import jax
@@ -10,7 +9,6 @@ import numpy as np
 import pytest
 import transformers
 from flax import nnx
-from safetensors import safe_open
 
 import data
 import models
@@ -19,17 +17,9 @@ from data.tokenizer import load_tokenizer
 from hat_jax import sharding
 from launch import mtp
 from serve import save_hf
+from tests.models.qwen_fixtures import read_exported
 
 ONE_DEVICE = dict(devices=jax.devices()[:1])  # see tests/train/test_launch_sft.py
-
-
-def _tensors(directory) -> dict[str, np.ndarray]:
-    index = json.loads((directory / "model.safetensors.index.json").read_text())
-    out = {}
-    for file in sorted(set(index["weight_map"].values())):
-        with safe_open(directory / file, "np") as f:
-            out.update({n: f.get_tensor(n) for n in f.keys()})  # noqa: SIM118
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +55,7 @@ def test_graft_adapt_and_export_through_the_launch_script(base, tmp_path):
     assert any("acceptance length" in line for line in mtp.summary(result))
     # The export is the base checkpoint again: the frozen policy and the grafted head, with
     # every one of the 19 mtp.* tensors in place.
-    original, exported = _tensors(base), _tensors(tmp_path / "hf")
+    original, exported = read_exported(base), read_exported(tmp_path / "hf")
     assert sorted(exported) == sorted(original)
     assert sum(n.startswith("mtp.") for n in exported) == 19
     for name, value in original.items():

@@ -12,31 +12,24 @@ import safetensors.numpy
 import torch
 import transformers
 from flax import nnx
-from safetensors import safe_open
 
 from hat_jax.sharding import MeshConfig, make_mesh, state_shardings
 from serve import HFCheckpointError, load_hf, read_hf_tensors, save_hf
 from serve.convert import abstract_model
 from serve.convert import main as convert_main
-from tests.models.qwen_fixtures import build, qwen3_5_config, qwen3_moe_config, save
+from tests.models.qwen_fixtures import (
+    build,
+    qwen3_5_config,
+    qwen3_moe_config,
+    read_exported,
+    save,
+)
 
 SOURCES = {
     "qwen3_5_per_expert": (lambda: qwen3_5_config(), False),
     "qwen3_5_fused": (lambda: qwen3_5_config(), True),
     "qwen3_moe_per_expert": (lambda: qwen3_moe_config(num_layers=2), False),
 }
-
-
-def _tensors(directory) -> dict[str, np.ndarray]:
-    index = json.loads((directory / "model.safetensors.index.json").read_text())
-    out = {}
-    for file in sorted(set(index["weight_map"].values())):
-        with safe_open(directory / file, "np") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                assert index["weight_map"][name] == file
-                out[name] = f.get_tensor(name)
-    assert set(out) == set(index["weight_map"])
-    return out
 
 
 def _source_tensors(directory) -> dict[str, np.ndarray]:
@@ -60,7 +53,7 @@ def test_hf_to_ours_to_hf_reproduces_every_tensor(name, sources, tmp_path):
     experts = "fused" if SOURCES[name][1] else "per_expert"
     out = save_hf(model, config, tmp_path, dtype="float32", layout="text",
                   expert_layout=experts, max_shard_bytes=100_000)  # fmt: skip
-    original, exported = _source_tensors(src), _tensors(out)
+    original, exported = _source_tensors(src), read_exported(out)
     assert sorted(exported) == sorted(original)
     for key, value in original.items():
         assert exported[key].dtype == value.dtype and np.array_equal(exported[key], value), key
@@ -87,8 +80,8 @@ def test_default_export_loads_in_transformers_with_the_same_logits(name, sources
         assert written["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
         text = written["text_config"]
         assert text["full_attention_interval"] == 4 and text["rope_theta"] == 1e6
-        assert "model.language_model.embed_tokens.weight" in _tensors(out)
-        assert "model.language_model.layers.0.mlp.experts.gate_up_proj" in _tensors(out)
+        assert "model.language_model.embed_tokens.weight" in read_exported(out)
+        assert "model.language_model.layers.0.mlp.experts.gate_up_proj" in read_exported(out)
         # ... and it reads back into the same parameters.
         again_config, again = load_hf(out, dtype="float32")
         assert again_config == config
@@ -96,7 +89,7 @@ def test_default_export_loads_in_transformers_with_the_same_logits(name, sources
     else:  # SGLang's qwen3_moe loader reads per-expert tensors only
         assert written["architectures"] == ["Qwen3MoeForCausalLM"]
         assert written["num_experts"] == 8 and "model.layers.0.mlp.experts.7.up_proj.weight" in (
-            _tensors(out)
+            read_exported(out)
         )
 
 
@@ -116,7 +109,7 @@ def test_bfloat16_export_matches_torch_rounding(sources, tmp_path):
     _, src = sources["qwen3_5_fused"]
     config, model = load_hf(src, dtype="float32")
     out = save_hf(model, config, tmp_path, dtype="bfloat16", layout="text")
-    exported = _tensors(out)
+    exported = read_exported(out)
     for key, value in _source_tensors(src).items():
         want = torch.from_numpy(value).to(torch.bfloat16).view(torch.int16).numpy()
         assert exported[key].dtype == ml_dtypes.bfloat16
@@ -155,7 +148,7 @@ def test_mtp_tensors_are_left_to_load_mtp_and_can_be_carried(sources, tmp_path, 
     assert "1 mtp.* tensors (the MTP draft head) left for load_mtp" in caplog.text
     carried = read_hf_tensors(tmp_path / "with_mtp", "mtp.")
     out = save_hf(model, config, tmp_path / "out", dtype="float32", extra_tensors=carried)
-    np.testing.assert_array_equal(_tensors(out)["mtp.fc.weight"], mtp["mtp.fc.weight"])
+    np.testing.assert_array_equal(read_exported(out)["mtp.fc.weight"], mtp["mtp.fc.weight"])
 
 
 def test_cli_round_trip_through_an_orbax_checkpoint(sources, tmp_path):
@@ -170,7 +163,7 @@ def test_cli_round_trip_through_an_orbax_checkpoint(sources, tmp_path):
         "to-hf", "--checkpoint", str(checkpoint), "--out", str(out), "--dtype", "float32",
         "--layout", "text", "--expert_layout", "per_expert", "--tokenizer_dir", str(tokenizer),
     ])  # fmt: skip
-    original, exported = _source_tensors(src), _tensors(out)
+    original, exported = _source_tensors(src), read_exported(out)
     assert sorted(exported) == sorted(original)
     assert all(np.array_equal(exported[k], v) for k, v in original.items())
     assert (out / "tokenizer_config.json").read_text() == '{"model_max_length": 4096}'

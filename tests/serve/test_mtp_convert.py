@@ -2,8 +2,6 @@
 exact round trips in every layout, exports transformers still loads with unchanged logits,
 grafting onto a policy with errors that name tensors, and the CLI carrying the head."""
 
-import json
-
 import jax
 import numpy as np
 import pytest
@@ -11,12 +9,17 @@ import safetensors.numpy
 import torch
 import transformers
 from flax import nnx
-from safetensors import safe_open
 
 import models
 from serve import HFCheckpointError, has_mtp, load_hf, load_mtp, restore_mtp, save_hf
 from serve.convert import main as convert_main
-from tests.models.qwen_fixtures import build, qwen3_5_config, qwen3_moe_config, save
+from tests.models.qwen_fixtures import (
+    build,
+    qwen3_5_config,
+    qwen3_moe_config,
+    read_exported,
+    save,
+)
 
 
 def reference_names(h: int, heads: int, kv: int, d: int, experts: int, f: int, shared: int):
@@ -43,15 +46,6 @@ def reference_names(h: int, heads: int, kv: int, d: int, experts: int, f: int, s
         layer + "mlp.shared_expert.down_proj.weight": (h, shared),
         layer + "mlp.shared_expert_gate.weight": (1, h),
     }
-
-
-def _tensors(directory) -> dict[str, np.ndarray]:
-    index = json.loads((directory / "model.safetensors.index.json").read_text())
-    out = {}
-    for file in sorted(set(index["weight_map"].values())):
-        with safe_open(directory / file, "np") as f:
-            out.update({n: f.get_tensor(n) for n in f.keys()})  # noqa: SIM118
-    return out
 
 
 def _random_head(config, seed: int) -> models.MTPHead:
@@ -82,7 +76,7 @@ def policy(tmp_path_factory):
 def test_export_writes_exactly_the_reference_mtp_tensors(policy, tmp_path):
     _, _, config, model, head = policy
     out = save_hf(model, config, tmp_path, dtype="float32", mtp=head)
-    mtp = {n: t.shape for n, t in _tensors(out).items() if n.startswith("mtp.")}
+    mtp = {n: t.shape for n, t in read_exported(out).items() if n.startswith("mtp.")}
     c = config
     want = reference_names(
         c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.num_experts,
@@ -91,7 +85,7 @@ def test_export_writes_exactly_the_reference_mtp_tensors(policy, tmp_path):
     assert len(want) == 19 and mtp == want
     # fc is [H, 2H] read as concat([embedding, hidden]): its first H input columns are ours'
     # embedding rows (ours is stored input-first).
-    fc = _tensors(out)["mtp.fc.weight"]
+    fc = read_exported(out)["mtp.fc.weight"]
     np.testing.assert_array_equal(
         fc[:, : c.hidden_size], np.asarray(head.fc[...])[: c.hidden_size].T
     )
@@ -105,7 +99,7 @@ def test_exported_head_round_trips_exactly(policy, tmp_path, layout, experts):
     _, _, config, model, head = policy
     out = save_hf(model, config, tmp_path, dtype="float32", layout=layout, expert_layout=experts,
                   mtp=head, max_shard_bytes=200_000)  # fmt: skip
-    names = set(_tensors(out))
+    names = set(read_exported(out))
     assert ("mtp.layers.0.mlp.experts.7.down_proj.weight" in names) == (experts == "per_expert")
     again = load_mtp(out)
     want, got = _head_leaves(head), _head_leaves(again)
@@ -128,7 +122,7 @@ def test_export_with_head_loads_in_transformers_with_unchanged_logits(policy, tm
 
 
 def _edit(src, dst, edit):
-    tensors = _tensors(src)
+    tensors = read_exported(src)
     edit(tensors)
     dst.mkdir()
     safetensors.numpy.save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
@@ -184,7 +178,7 @@ def test_cli_carries_the_head_through_orbax(policy, tmp_path):
     )
     convert_main(["to-hf", "--checkpoint", str(checkpoint), "--out", str(out),
                   "--dtype", "float32"])  # fmt: skip
-    original, exported = _tensors(src), _tensors(out)
+    original, exported = read_exported(src), read_exported(out)
     assert sorted(exported) == sorted(original)
     assert all(np.array_equal(exported[k], v) for k, v in original.items())
     convert_main(["to-hf", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "plain"),
@@ -203,7 +197,7 @@ def test_cli_grafts_a_base_head_onto_a_policy_checkpoint(policy, tmp_path):
     convert_main(["graft", "--checkpoint", str(policy_dir), "--hf_dir", str(base)])
     convert_main(["to-hf", "--checkpoint", str(policy_dir), "--out", str(out),
                   "--dtype", "float32"])  # fmt: skip
-    exported, want = _tensors(out), _tensors(base)
+    exported, want = read_exported(out), read_exported(base)
     assert sorted(exported) == sorted(want)
     assert all(np.array_equal(exported[k], v) for k, v in want.items())
     wide = tmp_path / "wide"  # a base of another size is refused, the tensor named
