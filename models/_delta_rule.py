@@ -13,11 +13,17 @@ and only the state is carried from chunk to chunk. Segment boundaries inside a c
 the pairwise terms and the reads and writes of the carried state; decays are differences of
 one within-chunk cumulative sum, taken only between tokens of the same segment.
 
+The chunked form has its own backward pass (`jax.custom_vjp`): the state gradient runs as
+a reverse scan over chunks, everything else as batched matmuls over all chunks at once, and
+both scans carry only the [Dk, Dv] state (their per-chunk terms are computed outside).
+
 Inputs are float32 (the caller upcasts); q and k are expected L2-normalised and already
 repeated to the value heads.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -109,35 +115,6 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
     return inv.reshape(*batch, size, size)[..., :n, :n]
 
 
-@jax.custom_vjp
-def solve_unit_lower(a: jax.Array, rhs: jax.Array) -> jax.Array:
-    """(I + tril(a, -1))^-1 rhs for a [..., n, n] and rhs [..., n, m].
-
-    Only the strictly lower triangle of `a` is read (its diagonal and upper part may hold
-    anything). The backward pass reuses the forward inverse: with X = (I + a)^-1 rhs and
-    G = (I + a)^-T dX, d rhs = G and d a = -tril(G X^T, -1) (two matmuls instead of
-    differentiating the inversion).
-    """
-    return unit_lower_inverse(a) @ rhs
-
-
-def _solve_fwd(a, rhs):
-    inverse = unit_lower_inverse(a)
-    x = inverse @ rhs
-    return x, (inverse, x)
-
-
-def _solve_bwd(residuals, dx):
-    inverse, x = residuals
-    g = jnp.swapaxes(inverse, -1, -2) @ dx
-    n = inverse.shape[-1]
-    strict = jnp.tril(jnp.ones((n, n), bool), -1)
-    return jnp.where(strict, -(g @ jnp.swapaxes(x, -1, -2)), 0.0), g
-
-
-solve_unit_lower.defvjp(_solve_fwd, _solve_bwd)
-
-
 def _pad_to_chunks(x: jax.Array, pad: int, mode: str = "constant") -> jax.Array:
     widths = [(0, 0)] * x.ndim
     widths[1] = (0, pad)
@@ -155,7 +132,12 @@ def chunked_gated_delta_rule(
     chunk_size: int = 64,
     initial_state: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Chunked gated delta rule; same contract as `recurrent_gated_delta_rule`."""
+    """Chunked gated delta rule; same contract as `recurrent_gated_delta_rule` (g <= 0).
+
+    The chunk computation has a hand-written backward pass (`_chunk_rule`): the autodiff of
+    the chunked form would keep and revisit many [C, C] intermediates per chunk; the
+    explicit one is a reverse scan over the carried state plus batched matmuls.
+    """
     batch, length, heads, dk = k.shape
     dv = v.shape[-1]
     c = chunk_size
@@ -164,53 +146,185 @@ def chunked_gated_delta_rule(
     q, k, v, g, beta = (_pad_to_chunks(a, pad) for a in (q, k, v, g, beta))
     doc = _pad_to_chunks(doc, pad, mode="edge")
     n = (length + pad) // c
-    q = q * (dk**-0.5)
 
-    def chunks(a):  # [B, T, H, ...] -> [N, B, H, C, ...]: chunk-major, as the scan reads it
+    def chunks(a):  # [B, T, H, ...] -> [B, H, N, C, ...]: heads, then chunks, as batch axes
         a = a.reshape(batch, n, c, heads, *a.shape[3:])
-        return jnp.moveaxis(a, (1, 3), (0, 2))
+        return jnp.moveaxis(a, 3, 1)
 
-    q, k, v, g, beta = (chunks(a) for a in (q, k, v, g, beta))
-    doc = jnp.moveaxis(doc.reshape(batch, 1, n, c), 2, 0)  # [N, B, 1, C]
-    # The segment that was running before each chunk (the first chunk continues the state).
-    prev_doc = jnp.concatenate([doc[:1, ..., :1], doc[:-1, ..., -1:]], axis=0)
-
-    # Decays are exp of differences of one cumulative sum, taken only where both tokens are
-    # in the same segment (elsewhere masked to 0). Within a segment the differences are <= 0;
-    # clamping them keeps masked entries finite, so masks multiply instead of select. One
-    # causal decay matrix serves both products: the solve reads only its strict lower part.
-    cum = jnp.cumsum(g, axis=-1)  # [N, B, H, C]
-    same = doc[..., :, None] == doc[..., None, :]  # [N, B, 1, C, C]
-    mask = (same & jnp.tril(jnp.ones((c, c), bool))).astype(jnp.float32)
-    decay = jnp.exp(jnp.minimum(cum[..., :, None] - cum[..., None, :], 0.0)) * mask
-
-    cont = (doc == prev_doc).astype(jnp.float32)  # token still in the carried segment
-    from_start = jnp.exp(cum) * cont  # [N, B, H, C] decay since the chunk start
-    last_same = (doc == doc[..., -1:]).astype(jnp.float32)  # same segment as the chunk end
-    to_end = jnp.exp(jnp.minimum(cum[..., -1:] - cum, 0.0)) * last_same
-    chunk_decay = jnp.exp(cum[..., -1]) * cont[..., -1]  # [N, B, H]
-
-    k_beta = k * beta[..., None]
-    system = jnp.einsum("nbhik,nbhjk->nbhij", k_beta, k) * decay
-    rhs = jnp.concatenate([v * beta[..., None], k_beta * from_start[..., None]], axis=-1)
-    solved = solve_unit_lower(system, rhs)
-    u, w = solved[..., :dv], solved[..., dv:]
-    intra = jnp.einsum("nbhik,nbhjk->nbhij", q, k) * decay
-    q_read = q * from_start[..., None]
-    k_write = k * to_end[..., None]
-
-    def step(state, xs):
-        u_n, w_n, intra_n, q_n, k_n, decay_n = xs
-        v_new = u_n - jnp.einsum("bhck,bhkv->bhcv", w_n, state)
-        out = jnp.einsum("bhck,bhkv->bhcv", q_n, state)
-        out = out + jnp.einsum("bhij,bhjv->bhiv", intra_n, v_new)
-        state = state * decay_n[..., None, None] + jnp.einsum("bhck,bhcv->bhkv", k_n, v_new)
-        return state, out
-
+    q, k, v, g, beta = (chunks(a) for a in (q * (dk**-0.5), k, v, g, beta))
+    doc = doc.reshape(batch, 1, n, c)
     state = (
         jnp.zeros((batch, heads, dk, dv), jnp.float32) if initial_state is None else initial_state
     )
-    xs = (u, w, intra, q_read, k_write, chunk_decay)
-    state, out = jax.lax.scan(step, state, xs)  # out [N, B, H, C, Dv]
-    out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(batch, n * c, heads, dv)[:, :length]
+    out, state = _chunk_rule(q, k, v, g, beta, doc, state)
+    out = jnp.moveaxis(out, 1, 3).reshape(batch, n * c, heads, dv)[:, :length]
     return out, state
+
+
+def _chunk_terms(g: jax.Array, doc: jax.Array) -> tuple[jax.Array, ...]:
+    """Decay factors of the chunks, masked to the segments.
+
+    Args:
+        g: [B, H, N, C] log decays; doc: int[B, 1, N, C] segment indices.
+
+    Returns:
+        gamma [B, H, N, C, C]: exp(cum_i - cum_j) for j <= i in the same segment, else 0;
+        start [B, H, N, C]: decay since the chunk start, 0 outside the carried segment;
+        end [B, H, N, C]: decay to the chunk end, 0 outside the chunk's last segment;
+        carry [B, H, N]: decay of the carried state over the chunk (0 if its segment ends).
+
+    Decays are exp of differences of one within-chunk cumulative sum, taken only where both
+    tokens are in the same segment; there the differences are <= 0, and clamping them keeps
+    masked entries finite, so masks multiply instead of select.
+    """
+    c = g.shape[-1]
+    # The segment running before each chunk (the first chunk continues the state).
+    prev = jnp.concatenate([doc[:, :, :1, :1], doc[:, :, :-1, -1:]], axis=2)
+    cum = jnp.cumsum(g, axis=-1)
+    same = (doc[..., :, None] == doc[..., None, :]) & jnp.tril(jnp.ones((c, c), bool))
+    gamma = jnp.exp(jnp.minimum(cum[..., :, None] - cum[..., None, :], 0.0)) * same
+    cont = (doc == prev).astype(jnp.float32)
+    start = jnp.exp(cum) * cont
+    last_same = (doc == doc[..., -1:]).astype(jnp.float32)
+    end = jnp.exp(jnp.minimum(cum[..., -1:] - cum, 0.0)) * last_same
+    return gamma, start, end, start[..., -1]
+
+
+class _Saved(NamedTuple):
+    """What the backward pass of `_chunk_rule` reads (chunk layout, see there)."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    beta: jax.Array
+    gamma: jax.Array  # [B, H, N, C, C]
+    start: jax.Array
+    end: jax.Array
+    carry: jax.Array
+    system: jax.Array  # (K_beta K^T) * gamma, [B, H, N, C, C]
+    intra: jax.Array  # (Q K^T) * gamma, [B, H, N, C, C]
+    inverse: jax.Array  # (I + tril(system, -1))^-1, [B, H, N, C, C]
+    solved: jax.Array  # [U | W], [B, H, N, C, Dv + Dk]
+    states: jax.Array  # the state entering each chunk, [B, H, N, Dk, Dv]
+    v_new: jax.Array  # U - W S, [B, H, N, C, Dv]
+
+
+def _chunk_forward(q, k, v, g, beta, doc, state) -> tuple[jax.Array, jax.Array, _Saved]:
+    """Outputs, final state and what the backward pass reads; inputs as `_chunk_rule`'s."""
+    dv = v.shape[-1]
+    gamma, start, end, carry = _chunk_terms(g, doc)
+    k_beta = k * beta[..., None]
+    # UT transform: [U | W] = (I + tril(diag(beta) K K^T * gamma, -1))^-1 [beta V | beta K start].
+    system = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k) * gamma
+    inverse = unit_lower_inverse(system)
+    solved = inverse @ jnp.concatenate([v * beta[..., None], k_beta * start[..., None]], -1)
+    u, w = solved[..., :dv], solved[..., dv:]
+    intra = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * gamma
+    k_end = k * end[..., None]
+    # Across chunks S' = carry S + K_end^T (U - W S) = (carry I - K_end^T W) S + K_end^T U:
+    # all but one [Dk, Dk] x [Dk, Dv] product per chunk is computed outside the scan.
+    mix = jnp.einsum("bhnck,bhncj->nbhkj", k_end, w)
+    add = jnp.einsum("bhnck,bhncv->nbhkv", k_end, u)
+
+    def step(s, xs):
+        mix_n, add_n, carry_n = xs
+        return s * carry_n[..., None, None] - mix_n @ s + add_n, s
+
+    final, states = jax.lax.scan(step, state, (mix, add, jnp.moveaxis(carry, 2, 0)))
+    states = jnp.moveaxis(states, 0, 2)
+    v_new = u - w @ states
+    out = (q * start[..., None]) @ states + intra @ v_new
+    saved = _Saved(
+        q, k, v, beta, gamma, start, end, carry, system, intra, inverse, solved, states, v_new
+    )
+    return out, final, saved
+
+
+@jax.custom_vjp
+def _chunk_rule(q, k, v, g, beta, doc, state):
+    """The chunked rule on chunk-major inputs.
+
+    Args:
+        q (scaled), k: [B, H, N, C, Dk]; v: [B, H, N, C, Dv]; g, beta: [B, H, N, C];
+        doc: int[B, 1, N, C]; state: [B, H, Dk, Dv] before the first chunk.
+
+    Returns:
+        (o [B, H, N, C, Dv], final state [B, H, Dk, Dv]).
+    """
+    out, final, _ = _chunk_forward(q, k, v, g, beta, doc, state)
+    return out, final
+
+
+def _chunk_rule_fwd(q, k, v, g, beta, doc, state):
+    out, final, saved = _chunk_forward(q, k, v, g, beta, doc, state)
+    return (out, final), saved
+
+
+def _state_grads(s: _Saved, d_out, d_final):
+    """Gradients of the state after each chunk [B, H, N, Dk, Dv] and of the input state.
+
+    With S' = carry S + K_end^T V_new, V_new = U - W S and O = Q_start S + intra V_new:
+    dS = (carry I - W^T K_end) dS' + (Q_start - intra W)^T dO, a reverse scan whose
+    carry-free parts are batched matmuls outside it.
+    """
+    w = s.solved[..., s.v.shape[-1] :]
+    mix_t = jnp.einsum("bhncj,bhnck->nbhjk", w, s.k * s.end[..., None])
+    read = s.q * s.start[..., None] - s.intra @ w
+    add = jnp.einsum("bhnck,bhncv->nbhkv", read, d_out)
+
+    def step(ds_next, xs):
+        mix_n, add_n, carry_n = xs
+        return ds_next * carry_n[..., None, None] - mix_n @ ds_next + add_n, ds_next
+
+    xs = (mix_t, add, jnp.moveaxis(s.carry, 2, 0))
+    d_state, d_after = jax.lax.scan(step, d_final, xs, reverse=True)
+    return jnp.moveaxis(d_after, 0, 2), d_state
+
+
+def _chunk_rule_bwd(s: _Saved, cotangents):
+    d_out, d_final = cotangents
+    dv = s.v.shape[-1]
+    d_after, d_state = _state_grads(s, d_out, d_final)
+
+    # Through each chunk's outputs and state update.
+    k_end = s.k * s.end[..., None]
+    d_v_new = jnp.einsum("bhnji,bhnjv->bhniv", s.intra, d_out) + k_end @ d_after
+    d_intra = jnp.einsum("bhniv,bhnjv->bhnij", d_out, s.v_new)
+    d_q_start = jnp.einsum("bhncv,bhnkv->bhnck", d_out, s.states)
+    d_k_end = jnp.einsum("bhncv,bhnkv->bhnck", s.v_new, d_after)
+    d_carry = jnp.sum(s.states * d_after, axis=(-2, -1))
+    d_w = -jnp.einsum("bhncv,bhnkv->bhnck", d_v_new, s.states)
+
+    # Through the UT solve X = T rhs: d rhs = T^T dX and d system = -tril(d rhs X^T, -1).
+    d_rhs = jnp.swapaxes(s.inverse, -1, -2) @ jnp.concatenate([d_v_new, d_w], axis=-1)
+    c = s.gamma.shape[-1]
+    strict = jnp.tril(jnp.ones((c, c), bool), -1)
+    d_system = jnp.where(strict, -jnp.einsum("bhnim,bhnjm->bhnij", d_rhs, s.solved), 0.0)
+    d_rhs_v, d_rhs_k = d_rhs[..., :dv], d_rhs[..., dv:]
+
+    # system = (K_beta K^T) * gamma, intra = (Q K^T) * gamma, rhs = [beta V | K_beta start].
+    k_beta = s.k * s.beta[..., None]
+    d_kk, d_qk = d_system * s.gamma, d_intra * s.gamma
+    d_k_beta = d_kk @ s.k + d_rhs_k * s.start[..., None]
+    d_q = d_qk @ s.k + d_q_start * s.start[..., None]
+    d_k = (
+        jnp.einsum("bhnij,bhnik->bhnjk", d_kk, k_beta)
+        + jnp.einsum("bhnij,bhnik->bhnjk", d_qk, s.q)
+        + d_k_end * s.end[..., None]
+        + d_k_beta * s.beta[..., None]
+    )
+    d_v = d_rhs_v * s.beta[..., None]
+    d_beta = jnp.sum(d_rhs_v * s.v, axis=-1) + jnp.sum(d_k_beta * s.k, axis=-1)
+
+    # Every decay is exp of a difference of the within-chunk cumulative sum of g.
+    d_gamma = d_system * s.system + d_intra * s.intra  # d / d(cum_i - cum_j)
+    d_start = jnp.sum(d_q_start * s.q, axis=-1) + jnp.sum(d_rhs_k * k_beta, axis=-1)
+    d_end = jnp.sum(d_k_end * s.k, axis=-1) * s.end  # d / d(cum_last - cum_i)
+    d_cum = jnp.sum(d_gamma, axis=-1) - jnp.sum(d_gamma, axis=-2) + d_start * s.start - d_end
+    d_last = jnp.sum(d_end, axis=-1) + d_carry * s.carry
+    d_cum = d_cum.at[..., -1].add(d_last)
+    d_g = jnp.flip(jnp.cumsum(jnp.flip(d_cum, -1), axis=-1), -1)
+    return d_q, d_k, d_v, d_g, d_beta, None, d_state
+
+
+_chunk_rule.defvjp(_chunk_rule_fwd, _chunk_rule_bwd)

@@ -104,18 +104,25 @@ def test_packed_segments_equal_separate_runs():
 
 
 def test_gradients_agree():
+    # The chunked form has a hand-written backward pass: it must match autodiff of the
+    # recurrence for every input, the initial state included, through both outputs.
     q, k, v, g, beta = _inputs()
     doc = _doc(PACKED)
-    w = jnp.asarray(np.random.default_rng(7).normal(size=(BATCH, LENGTH, HEADS, DV)), jnp.float32)
+    rng = np.random.default_rng(7)
+    w = jnp.asarray(rng.normal(size=(BATCH, LENGTH, HEADS, DV)), jnp.float32)
+    w_state = jnp.asarray(rng.normal(size=(BATCH, HEADS, DK, DV)), jnp.float32)
+    state = jnp.asarray(rng.normal(size=(BATCH, HEADS, DK, DV)), jnp.float32)
 
     @jax.jit
     def grads(*args):
         def loss(args, index):
-            return jnp.sum(both(*args, doc, _zero_state())[index] * w)
+            results = both(*args[:5], doc, args[5])
+            return jnp.sum(results[index] * w) + jnp.sum(results[index + 1] * w_state)
 
         return jax.grad(loss)(args, 0), jax.grad(loss)(args, 2)
 
-    grads_chunk, grads_step = grads(q, k, v, g, beta)
-    for a, b in zip(grads_chunk, grads_step):
-        assert np.isfinite(np.asarray(a)).all()
-        np.testing.assert_allclose(a, b, atol=2e-5)
+    grads_chunk, grads_step = grads(q, k, v, g, beta, state)
+    for name, a, b in zip(["q", "k", "v", "g", "beta", "state"], grads_chunk, grads_step):
+        assert np.isfinite(np.asarray(a)).all(), name
+        assert np.abs(np.asarray(b)).max() > 1e-3, name  # a gradient that flows
+        np.testing.assert_allclose(a, b, atol=2e-5, err_msg=name)
