@@ -42,8 +42,11 @@ def test_mesh_config_fills_the_minus_one_axis_and_rejects_bad_sizes():
 
 def test_logical_to_spec_skips_used_trivial_and_indivisible_axes():
     mesh = sharding.make_mesh(MeshConfig(fsdp=2, expert=2, tensor=2))
-    # expert weights: the expert mesh axis goes to the expert dim, embed keeps only fsdp
+    # expert weights: whole experts per device (expert x fsdp), so embed is left unsplit
     spec = logical_to_spec(("layers", "expert", "embed", "mlp"), PARAM_RULES, mesh, (4, 8, 64, 32))
+    assert spec == P(None, ("expert", "fsdp"), None, "tensor")
+    # 2 experts do not divide over expert x fsdp (4): expert only, embed takes fsdp
+    spec = logical_to_spec(("layers", "expert", "embed", "mlp"), PARAM_RULES, mesh, (4, 2, 64, 32))
     assert spec == P(None, "expert", "fsdp", "tensor")
     # a dense weight's embed takes fsdp and expert together
     assert logical_to_spec(("embed", "q_heads"), PARAM_RULES, mesh, (64, 4)) == P(

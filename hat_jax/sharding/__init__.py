@@ -7,7 +7,7 @@ and batch placement; `local_map`, shard-local computation named by logical axes 
 dispatch); multi-process start-up.
 """
 
-from hat_jax.sharding._local import local_map, local_spec
+from hat_jax.sharding._local import local_axes, local_map, local_spec
 from hat_jax.sharding._mesh import (
     MESH_AXES,
     MeshConfig,
@@ -56,6 +56,7 @@ __all__ = [
     "global_batch",
     "init_sharded",
     "initialize_distributed",
+    "local_axes",
     "local_map",
     "local_spec",
     "logical_names",

@@ -36,19 +36,27 @@ def _active_mesh() -> jax.sharding.Mesh | jax.sharding.AbstractMesh | None:
 
 
 def local_map(
-    fn: Callable[..., Any], in_names: Sequence[Names], out_names: Names | Sequence[Names]
+    fn: Callable[..., Any],
+    in_names: Sequence[Names],
+    out_names: Names | Sequence[Names],
+    *,
+    out_shapes: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
     """`fn` run once per shard, its arguments and outputs split by logical axis names.
 
     Args:
       fn: a function of arrays; it sees the local shards (the dimensions a name maps to mesh
-        axes are split, all others whole) and must not communicate: an argument whose names
-        resolve to no mesh axis (e.g. all None) is gathered whole onto every device, and in
-        the backward pass its gradient is summed over the devices.
+        axes are split, all others whole). An argument whose names resolve to no mesh axis
+        (e.g. all None) is gathered whole onto every device, and in the backward pass its
+        gradient is summed over the devices. `fn` communicates only over the mesh axes
+        `local_axes` gives it for a logical name (collectives over them are differentiable).
       in_names: one tuple of logical names (or None) per positional argument of `fn`.
       out_names: the names of `fn`'s output, or a sequence of them for a tuple output.
         An output must be split wherever the inputs it depends on were (each device
         computed it for its own shard).
+      out_shapes: a function of the (global) arguments returning the global shape structs
+        of the output(s); default `jax.eval_shape(fn, ...)`, which needs an `fn` without
+        collectives (a collective's axis is unbound outside the map).
 
     Returns:
       A function with `fn`'s signature. Resolution uses the global shapes of the arguments
@@ -69,7 +77,7 @@ def local_map(
         )
         if all(all(p is None for p in spec) for spec in in_specs):
             return fn(*args)
-        shapes = jax.eval_shape(fn, *args)
+        shapes = out_shapes(*args) if out_shapes else jax.eval_shape(fn, *args)
         out_list = out_names if tuple_out else (out_names,)
         shape_list = shapes if tuple_out else (shapes,)
         out_specs = tuple(
@@ -89,6 +97,16 @@ def local_map(
         return mapped(*args)
 
     return wrapped
+
+
+def local_axes(names: Names, shape: Sequence[int], dim: int = 0) -> tuple[str, ...]:
+    """The mesh axes `local_map` splits dimension `dim` of an array named `names` over: the
+    axis names for collectives inside `fn` (e.g. `jax.lax.all_gather(x, local_axes(...))`),
+    so that model code never spells a mesh axis. Empty without a mesh or when unsplit."""
+    spec = local_spec(names, shape)
+    if spec is None or spec[dim] is None:
+        return ()
+    return (spec[dim],) if isinstance(spec[dim], str) else tuple(spec[dim])
 
 
 def local_spec(names: Names, shape: Sequence[int] | None = None) -> PartitionSpec | None:

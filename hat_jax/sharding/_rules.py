@@ -6,18 +6,21 @@ one mesh axis, or None (replicated). There are three tables because the same wei
 out differently by purpose:
 
 - `PARAM_RULES`: training parameters (and with them gradients and optimiser state). Every
-  weight is sharded over `fsdp` through its `embed` dimension; experts over `expert`; heads,
-  MLP width and vocabulary over `tensor`. `embed` also takes `expert`, so that weights without
-  an expert dimension are not replicated across the expert axis (for expert weights the
-  `expert` mesh axis is already taken by their expert dimension and is skipped).
+  weight is sharded over `fsdp` through its `embed` dimension; heads, MLP width and
+  vocabulary over `tensor`. `embed` also takes `expert`, so that weights without an expert
+  dimension are not replicated across the expert axis. Expert weights are split by expert
+  over `expert` and `fsdp` (whole experts per device, their `embed` dimension then unsplit):
+  the layout the expert-parallel dispatch computes in, so its weights never move.
 - `ACTIVATION_RULES`: training activations: the batch over every data-like axis
   (`data`, `fsdp`, `expert`), heads / MLP width / vocabulary over `tensor`. `moe_tokens`
   (the token axis of a shard-local MoE dispatch, see `local_map`) splits over every axis,
-  `tensor` included: each device routes its own slice of the tokens through all experts.
+  `tensor` included: each device routes its own slice of the tokens. `moe_experts` (the
+  expert axis of the expert-parallel dispatch) splits like the expert weights are stored.
 - `SAMPLING_RULES`: decoding, parameters and activations and caches together. No FSDP
   gathering per generated token: non-expert weights are replicated over `fsdp`, experts are
   spread over `expert` and `fsdp`, the batch over `data` and `fsdp`; `moe_tokens` is not
-  split (decoding keeps the GSPMD dispatch over the sharded experts).
+  split and `moe_experts` neither (decoding keeps the GSPMD dispatch over the sharded
+  experts).
 
 Resolution (`logical_to_spec`) skips mesh axes of size 1, mesh axes already used by an
 earlier dimension of the same array, and — given the array's shape — mesh axes that do not
@@ -50,7 +53,7 @@ PARAM_RULES: Rules = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("expert_mlp", "tensor"),
-    ("expert", "expert"),
+    ("expert", ("expert", "fsdp")),
     ("layers", None),
     ("conv", None),
     ("conv_kernel", None),
@@ -79,6 +82,7 @@ ACTIVATION_RULES: Rules = (
     ("expert", "expert"),
     ("tokens", _DATA_LIKE),
     ("moe_tokens", (*_DATA_LIKE, "tensor")),
+    ("moe_experts", ("expert", "fsdp")),
     ("layers", None),
     ("conv", None),
     ("conv_kernel", None),
@@ -107,6 +111,7 @@ SAMPLING_RULES: Rules = (
     ("expert", ("expert", "fsdp")),
     ("tokens", ("data", "fsdp")),
     ("moe_tokens", None),
+    ("moe_experts", None),
     ("layers", None),
     ("conv", None),
     ("conv_kernel", None),

@@ -100,7 +100,7 @@ def test_load_straight_into_a_sharded_layout(sources):
     shardings = state_shardings(nnx.state(abstract_model(config), nnx.Param), mesh)
     _, sharded = load_hf(src, dtype="float32", shardings=shardings)
     experts = sharded.blocks.layers[0].moe.gate_up_proj.get_value()
-    assert experts.sharding.spec[1] == "expert" and len(experts.sharding.device_set) == 8
+    assert experts.sharding.spec[1] == ("expert", "fsdp") and len(experts.sharding.device_set) == 8
     for a, b in zip(jax.tree.leaves(nnx.state(sharded)), jax.tree.leaves(nnx.state(plain))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
