@@ -38,9 +38,15 @@ Public API:
     dense_experts, sorted_experts, ragged_experts
                     the three dropless MoE dispatches, `f(x, idx, weights, gate_up, down)`
                     with gate_up [E, D, 2, F] (SwiGLU gate then up) and down [E, F, D].
+    gathered_experts
+                    the "sorted" block loop without [N K, D] row buffers (rows gathered
+                    block by block); used by the expert-parallel dispatch.
     shard_local_experts
                     a dispatch run per shard of the tokens under a mesh (each device sorts
                     only its own tokens; `config.moe_shard_local`).
+    expert_parallel_experts
+                    a dispatch run where the experts are stored: tokens gathered over the
+                    expert group, outputs reduce-scattered (`config.moe_expert_parallel`).
     flash_attention block-wise causal, document-masked attention with online softmax and a
                     recomputing backward pass: O(T) memory (`config.attention_impl="flash"`).
 
@@ -80,8 +86,8 @@ from models._config import PRESETS, QwenConfig
 from models._delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
 from models._flash import flash_attention
 from models._model import Qwen, QwenOutput
-from models._moe import dense_experts, ragged_experts, sorted_experts
-from models._moe_sharded import shard_local_experts
+from models._moe import dense_experts, gathered_experts, ragged_experts, sorted_experts
+from models._moe_sharded import expert_parallel_experts, shard_local_experts
 from models._mtp import MTPHead, MTPOutput, check_mtp_config
 from models._params import AXIS_NAMES
 from models._sampler import SampleOutput, Sampler
@@ -115,6 +121,8 @@ __all__ = [
     "chunked_gated_delta_rule",
     "dense_experts",
     "flash_attention",
+    "expert_parallel_experts",
+    "gathered_experts",
     "ragged_experts",
     "init_cache",
     "recurrent_gated_delta_rule",

@@ -67,6 +67,11 @@ class QwenConfig:
         moe_shard_local: under a mesh, run the dispatch per shard of the tokens
             (`models._moe_sharded`): each device sorts only its own tokens, against expert
             weights gathered whole. Same numbers; for training with a sharded batch.
+        moe_expert_parallel: under a mesh, each device runs only the experts it stores on
+            the tokens of its expert group (tokens all-gathered, outputs reduce-scattered;
+            `models._moe_sharded`): expert weights and their gradients never move. Same
+            numbers; with "sorted" it uses the memory-lean gathered block loop. Takes
+            precedence over `moe_shard_local`.
         attention_impl: full-attention layers without a cache: "dense" (the [T, T] score
             matrix) or "flash" (`models._flash`: blocks of `attention_block_size`, online
             softmax, O(T) memory; used when T exceeds one block). Same numbers.
@@ -120,6 +125,7 @@ class QwenConfig:
     moe_dispatch: str = "sorted"
     moe_block_size: int = 128
     moe_shard_local: bool = False
+    moe_expert_parallel: bool = False
     attention_impl: str = "dense"
     attention_block_size: int = 512
     remat: str = "none"

@@ -139,3 +139,115 @@ def _grouped_bwd(b, residuals, dy):
 
 
 grouped_swiglu.defvjp(_grouped_fwd, _grouped_bwd)
+
+
+def _gathered_block(i, plan: BlockPlan, token, weight, b: int):
+    """Tokens and weights of loop step i; rows past the expert's own get weight 0."""
+    r = plan.row[i]
+    lane = jnp.arange(b)
+    t = lax.dynamic_slice_in_dim(token, r, b)
+    w = jnp.where(lane < plan.valid[i], lax.dynamic_slice_in_dim(weight, r, b), 0)
+    return r, t, w
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def gathered_swiglu(x, token, weight, gate_up, down, plan: BlockPlan, block_size: int):
+    """Weighted per-expert SwiGLU MLP of rows gathered from `x` block by block.
+
+    Unlike `grouped_swiglu`, the rows sorted by expert are never materialised: row r of the
+    sorted order reads token `token[r]` of x, and its output, scaled by `weight[r]`, is
+    added to that token's output. Buffers are [N, D] (tokens), not [N K, D] (assignments),
+    and nothing per row is saved for the backward pass (it recomputes each block's
+    pre-activations): the memory-lean loop of the expert-parallel dispatch, whose gathered
+    token axis is the whole expert group's, and whose rows beyond `plan.count` blocks
+    (assignments to other devices' experts) are never visited.
+
+    Args:
+        x: [N, D] tokens.
+        token, weight: int32[R], [R] each sorted row's token and combine weight, padded
+            with `block_size` trailing entries (any token, weight 0).
+        gate_up: [E, D, 2, F] (gate then up); down: [E, F, D].
+        plan: `plan_blocks(counts, block_size, rows)` for the per-expert row counts.
+        block_size: rows per loop step.
+
+    Returns:
+        [N, D] float32: sum over each token's visited rows of weight * MLP(x[token]).
+    """
+    return _gathered_forward(x, token, weight, gate_up, down, plan, block_size)
+
+
+def _gathered_forward(x, token, weight, gate_up, down, plan, b):
+    num_experts, hidden, _, ffn = gate_up.shape
+    w_in = gate_up.reshape(num_experts, hidden, 2 * ffn)
+
+    def body(i, y):
+        e = plan.expert[i]
+        _, t, w = _gathered_block(i, plan, token, weight, b)
+        h = _swiglu_and_grad(x[t] @ w_in[e])[0]
+        y_b = jnp.dot(h, down[e], preferred_element_type=jnp.float32)
+        return y.at[t].add(w[:, None].astype(jnp.float32) * y_b)
+
+    return lax.fori_loop(0, plan.count, body, _zeros_from(x))
+
+
+def _zeros_from(data: jax.Array) -> jax.Array:
+    """float32 zeros shaped like `data`, computed from it (0 * data; a non-finite entry stays
+    non-finite, as that token's output would be). A loop's accumulator is a buffer of its
+    own: made from a constant, XLA's CPU scheduler may allocate the accumulators of every
+    layer's loop at the start of a rematerialised block, all live at once; made from the
+    data, each is allocated when its layer runs."""
+    return data.astype(jnp.float32) * 0
+
+
+def _gathered_fwd(x, token, weight, gate_up, down, plan, block_size):
+    y = _gathered_forward(x, token, weight, gate_up, down, plan, block_size)
+    return y, (x, token, weight, gate_up, down, plan)
+
+
+def _gathered_bwd(b, residuals, dy):
+    x, token, weight, gate_up, down, plan = residuals
+    num_experts, hidden, _, ffn = gate_up.shape
+    w_in = gate_up.reshape(num_experts, hidden, 2 * ffn)
+    f32 = jnp.float32
+    dy = dy.astype(x.dtype)
+
+    def body(i, carry):
+        dx, d_weight, d_in, d_down = carry
+        e = plan.expert[i]
+        r, t, w = _gathered_block(i, plan, token, weight, b)
+        x_b = x[t]
+        pre = x_b @ w_in[e]
+        dy_b = dy[t]
+        dh_unweighted = dy_b @ down[e].T
+        h, _ = _swiglu_and_grad(pre)
+        # d weight[r] = dy[token] . MLP(x[token]) = (dy[token] down^T) . h: no second down matmul.
+        d_w = jnp.sum((h * dh_unweighted).astype(f32), axis=-1)
+        keep = jnp.arange(b) < plan.valid[i]
+        old = lax.dynamic_slice_in_dim(d_weight, r, b)
+        d_weight = lax.dynamic_update_slice_in_dim(d_weight, jnp.where(keep, d_w, old), r, 0)
+        g = (w[:, None] * dh_unweighted).astype(x.dtype)
+        _, d_pre = _swiglu_and_grad(pre, g)
+        d_down = d_down.at[e].add(jnp.dot(h.T, w[:, None].astype(x.dtype) * dy_b,
+                                          preferred_element_type=f32))  # fmt: skip
+        d_in = d_in.at[e].add(jnp.dot(x_b.T, d_pre, preferred_element_type=f32))
+        dx = dx.at[t].add(jnp.dot(d_pre, w_in[e].T, preferred_element_type=f32))
+        return dx, d_weight, d_in, d_down
+
+    init = (
+        _zeros_from(dy),
+        jnp.zeros(weight.shape, f32),
+        jnp.zeros(w_in.shape, f32),
+        jnp.zeros(down.shape, f32),
+    )
+    dx, d_weight, d_in, d_down = lax.fori_loop(0, plan.count, body, init)
+    return (
+        dx.astype(x.dtype),
+        None,
+        d_weight.astype(weight.dtype),
+        d_in.reshape(gate_up.shape).astype(gate_up.dtype),
+        d_down.astype(down.dtype),
+        None,
+    )
+
+
+gathered_swiglu.defvjp(_gathered_fwd, _gathered_bwd)

@@ -22,6 +22,7 @@ _RUNTIME_FIELDS = (
     "moe_dispatch",
     "moe_block_size",
     "moe_shard_local",
+    "moe_expert_parallel",
     "attention_impl",
     "attention_block_size",
     "remat",

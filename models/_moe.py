@@ -26,8 +26,8 @@ from flax import nnx
 
 from models import _params as P
 from models._config import QwenConfig
-from models._grouped_mlp import grouped_swiglu, plan_blocks
-from models._moe_sharded import shard_local_experts
+from models._grouped_mlp import gathered_swiglu, grouped_swiglu, plan_blocks
+from models._moe_sharded import expert_parallel_experts, shard_local_experts
 
 
 def _swiglu(h: jax.Array) -> jax.Array:
@@ -48,7 +48,7 @@ def _sort_assignments(idx: jax.Array, num_experts: int):
     """Assignments (token, k) sorted by expert: (order, sorted experts, per-expert counts)."""
     flat = idx.reshape(-1)
     order = jnp.argsort(flat, stable=True)
-    counts = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1)
+    counts = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1, mode="drop")
     return order, flat[order], counts
 
 
@@ -98,7 +98,27 @@ def sorted_experts(x, idx, weights, gate_up, down, *, block_size: int):
     plan = plan_blocks(counts, block_size, n * k)
     ys = grouped_swiglu(xs, gate_up, down, plan, block_size)
     y = _take_rows(ys, position, order[:, None]).reshape(n, k, -1)
+    # Rows of assignments to no expert here (index E) are never computed: weight 0, no grad.
+    weights = jnp.where(idx < gate_up.shape[0], weights, 0)
     return jnp.einsum("nk,nkd->nd", weights, y)
+
+
+def gathered_experts(x, idx, weights, gate_up, down, *, block_size: int):
+    """Like `sorted_experts`, but rows are gathered from `x` block by block and summed into
+    the tokens' outputs (`models._grouped_mlp.gathered_swiglu`): no [N K, D] buffer, nothing
+    per row kept for the backward pass. An expert index of E (= gate_up.shape[0]) marks an
+    assignment to no expert here: it is sorted last and never visited (expert parallelism).
+    """
+    n, k = idx.shape
+    num_experts = gate_up.shape[0]
+    flat = idx.reshape(-1)
+    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
+    counts = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1, mode="drop")
+    pad = jnp.zeros((block_size,), jnp.int32)
+    token = jnp.concatenate([order // k, pad])
+    weight = jnp.concatenate([weights.reshape(-1)[order], pad.astype(weights.dtype)])
+    plan = plan_blocks(counts, block_size, n * k)
+    return gathered_swiglu(x, token, weight, gate_up, down, plan, block_size).astype(x.dtype)
 
 
 def ragged_experts(x, idx, weights, gate_up, down):
@@ -106,7 +126,7 @@ def ragged_experts(x, idx, weights, gate_up, down):
     n, k = idx.shape
     num_experts, hidden, _, ffn = gate_up.shape
     order, _, counts = _sort_assignments(idx, num_experts)
-    xs = x[order // k]
+    xs = x[order // k]  # rows past sum(counts) (expert index E: none here) come out zero
     h = jax.lax.ragged_dot(xs, gate_up.reshape(num_experts, hidden, 2 * ffn), counts)
     h = _swiglu(h.reshape(-1, 2, ffn))
     ys = jax.lax.ragged_dot(h, down, counts)
@@ -154,9 +174,14 @@ class MoE(nnx.Module):
         if c.moe_dispatch == "dense":
             dispatch = dense_experts
         elif c.moe_dispatch == "sorted":
-            dispatch = functools.partial(sorted_experts, block_size=c.moe_block_size)
+            # Expert-parallel: the gathered token axis is the whole expert group's, so the
+            # memory-lean variant (no [N K, D] rows) of the same block loop.
+            fn = gathered_experts if c.moe_expert_parallel else sorted_experts
+            dispatch = functools.partial(fn, block_size=c.moe_block_size)
         else:
             dispatch = ragged_experts
+        if c.moe_expert_parallel:  # experts run where they are stored; tokens travel
+            return expert_parallel_experts(dispatch, x, idx, weights, gate_up, down)
         if c.moe_shard_local:  # each data-parallel shard sorts only its own tokens
             return shard_local_experts(dispatch, x, idx, weights, gate_up, down)
         return dispatch(x, idx, weights, gate_up, down)

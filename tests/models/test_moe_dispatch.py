@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import dense_experts, ragged_experts, sorted_experts
+from models import dense_experts, gathered_experts, ragged_experts, sorted_experts
 
 TOKENS, HIDDEN, FFN, EXPERTS, TOP_K = 300, 16, 12, 8, 2
 
@@ -38,6 +38,8 @@ DISPATCHES = {
     "dense": dense_experts,
     "sorted_b16": functools.partial(sorted_experts, block_size=16),
     "sorted_b512": functools.partial(sorted_experts, block_size=512),
+    "gathered_b16": functools.partial(gathered_experts, block_size=16),
+    "gathered_b512": functools.partial(gathered_experts, block_size=512),
     "ragged": ragged_experts,
 }
 
@@ -77,3 +79,19 @@ def test_dense_reference_is_the_weighted_sum_of_expert_mlps():
             up = x[n] @ gate_up[e, :, 1]
             expect = expect + w[n, k] * ((h / (1 + np.exp(-h))) * up) @ down[e]
         np.testing.assert_allclose(y[n], expect, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(DISPATCHES))
+def test_expert_index_past_the_last_means_no_expert_here(name):
+    """The expert-parallel contract: an assignment with expert index E (another device's
+    expert) contributes nothing, and its routing weight gets no gradient."""
+    x, gate_up, down = _weights()
+    idx, w = _routing("random", seed=1)
+    away = jnp.asarray(np.random.default_rng(2).random(idx.shape) < 0.4)
+    marked = jnp.where(away, EXPERTS, idx)
+    want_y, want_grads = _value_and_grads("dense", x, idx, jnp.where(away, 0.0, w), gate_up, down)
+    y, grads = _value_and_grads(name, x, marked, w, gate_up, down)
+    np.testing.assert_allclose(y, want_y, atol=1e-5)
+    for i in (0, 2, 3):
+        np.testing.assert_allclose(grads[i], want_grads[i], atol=1e-4, err_msg=f"grad {i}")
+    np.testing.assert_allclose(grads[1], jnp.where(away, 0.0, want_grads[1]), atol=1e-4)
