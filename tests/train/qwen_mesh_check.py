@@ -28,11 +28,16 @@ LAYOUTS = {
     "expert4_fsdp2": (dict(fsdp=2, expert=4), 8, 1),
     "fsdp2_tensor4_local": (dict(fsdp=2, tensor=4), 8, 1),
     "expert4_fsdp2_local": (dict(fsdp=2, expert=4), 8, 1),
+    "fsdp8_ep": (dict(fsdp=8), 8, 1),
+    "fsdp2_tensor4_ep": (dict(fsdp=2, tensor=4), 8, 1),
 }  # micro-batch accumulation runs the same code as in test_step.py (toy model, 8 devices)
 
 # Layouts that also run the production kernels: the shard-local MoE dispatch (each device
 # sorts its own tokens, moe_tokens split over every mesh axis) and flash attention.
 LOCAL = dict(moe_shard_local=True, attention_impl="flash", attention_block_size=32)
+# ... and the expert-parallel dispatch of the production config (experts computed where they
+# are stored, tokens gathered over the expert group, outputs reduce-scattered).
+EXPERT_PARALLEL = dict(moe_expert_parallel=True, attention_impl="flash", attention_block_size=32)
 
 
 def _keep_gradient():
@@ -47,6 +52,8 @@ def run(layout: str, params, config, batch, out: pathlib.Path) -> None:
     mesh = sharding.make_mesh(sharding.MeshConfig(**mesh_sizes), devices=jax.devices()[:devices])
     if layout.endswith("_local"):
         config = config.replace(**LOCAL)
+    if layout.endswith("_ep"):
+        config = config.replace(**EXPERT_PARALLEL)
     model_fn = lambda: models.Qwen(config, rngs=nnx.Rngs(0))  # noqa: E731
     graphdef, abs_params, abs_rest = train.abstract_split(model_fn, mesh)
     optimizer = _keep_gradient()

@@ -1,6 +1,8 @@
-"""The shard-local MoE dispatch (`models.shard_local_experts` over `hat_jax.sharding.local_map`)
-equals the dispatch on one device, values and gradients, with the tokens split over 8 devices
-(see `moe_local_check.py`; run in a subprocess under XLA's classic CPU runtime)."""
+"""The shard-local (`models.shard_local_experts`) and expert-parallel
+(`models.expert_parallel_experts`) MoE dispatches over `hat_jax.sharding.local_map` equal the
+dispatch on one device, values and gradients, with the tokens split over 8 devices and the
+experts stored as `PARAM_RULES` lay them out (see `moe_local_check.py`; run in a subprocess
+under XLA's classic CPU runtime)."""
 
 import json
 import os
@@ -9,6 +11,7 @@ import subprocess
 import sys
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import models
@@ -26,7 +29,22 @@ def test_local_map_without_a_mesh_calls_the_function():
 
 def test_sampling_rules_keep_the_moe_tokens_whole():
     assert dict(sharding.SAMPLING_RULES)["moe_tokens"] is None
+    assert dict(sharding.SAMPLING_RULES)["moe_experts"] is None
     assert set(dict(sharding.ACTIVATION_RULES)["moe_tokens"]) == set(sharding.MESH_AXES)
+    # the expert-parallel dispatch computes experts where PARAM_RULES stores them
+    assert dict(sharding.ACTIVATION_RULES)["moe_experts"] == dict(sharding.PARAM_RULES)["expert"]
+
+
+def test_expert_parallel_without_a_mesh_is_the_dispatch():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(40, 8)), jnp.float32)
+    idx = jnp.asarray(np.argsort(rng.random((40, 4)), 1)[:, :2], jnp.int32)
+    w = jnp.asarray(rng.random((40, 2)), jnp.float32)
+    gate_up = jnp.asarray(rng.normal(size=(4, 8, 2, 6)), jnp.float32)
+    down = jnp.asarray(rng.normal(size=(4, 6, 8)), jnp.float32)
+    want = models.dense_experts(x, idx, w, gate_up, down)
+    got = models.expert_parallel_experts(models.dense_experts, x, idx, w, gate_up, down)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -40,9 +58,16 @@ def test_shard_local_dispatch_equals_one_device():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "fsdp8" in results and "'fsdp'" in results["fsdp8"]["spec"]
-    assert all(a in results["fsdp2,expert2,tensor2"]["spec"] for a in ("fsdp", "expert", "tensor"))
+    kinds = {name.split("/", 1)[1] for name in results}
+    assert kinds == {"shard_local/sorted"} | {
+        f"expert_parallel/{d}" for d in ("sorted", "gathered", "dense", "ragged")
+    }
+    assert "'fsdp'" in results["fsdp8/shard_local/sorted"]["tokens"]
+    mixed = results["fsdp2,expert2,tensor2/expert_parallel/gathered"]
+    assert all(a in mixed["tokens"] for a in ("fsdp", "expert", "tensor"))
+    # experts split over expert x fsdp (4 groups of 4), stored and computed alike
+    assert mixed["expert_group"] == ["expert", "fsdp"] and "('expert', 'fsdp')" in mixed["weights"]
+    assert results["data2,expert4/expert_parallel/ragged"]["expert_group"] == ["expert"]
     for name, r in results.items():
         assert r["value"] < 1e-5, (name, r)
         assert max(r["grads"]) < 1e-5, (name, r)
-    assert models.shard_local_experts is not None
