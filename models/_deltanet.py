@@ -44,12 +44,15 @@ def causal_conv(x: jax.Array, weight: jax.Array, doc: jax.Array) -> jax.Array:
     """
     kernel = weight.shape[0]
     length = x.shape[1]
-    out = x * weight[kernel - 1]
-    for s in range(1, min(kernel, length + 1)):
-        shifted = jnp.pad(x, ((0, 0), (s, 0), (0, 0)))[:, :length]
-        shifted_doc = jnp.pad(doc, ((0, 0), (s, 0)), constant_values=-1)[:, :length]
-        same = (shifted_doc == doc)[..., None].astype(x.dtype)
-        out = out + shifted * same * weight[kernel - 1 - s]
+    lead = kernel - 1
+    # One padded copy read at K - 1 offsets, so the taps fuse into a single pass.
+    padded = jnp.pad(x, ((0, 0), (lead, 0), (0, 0)))
+    padded_doc = jnp.pad(doc, ((0, 0), (lead, 0)), constant_values=-1)
+    out = x * weight[lead]
+    for s in range(1, kernel):
+        lo = lead - s
+        same = (padded_doc[:, lo : lo + length] == doc)[..., None]
+        out = out + jnp.where(same, padded[:, lo : lo + length], 0.0) * weight[lead - s]
     return out
 
 
