@@ -31,6 +31,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             moe_dispatch="sorted",
             # True: under a mesh, each device routes only its own tokens (models._moe_sharded)
             moe_shard_local=False,
+            # True: under a mesh, each device runs only the experts it stores; tokens travel
+            moe_expert_parallel=False,
             # "flash": block-wise attention, O(T) memory (models._flash), same numbers
             attention_impl="dense",
             attention_block_size=512,

@@ -5,9 +5,12 @@
   python -m launch.sft --config=configs/sft_qwen3_6_35b_a3b.py:fixed ...   # the ablation
 
 Full fine-tuning with fp32 master weights and AdamW state, bf16 compute, layers rematerialised,
-experts through `ragged_dot`; the mesh is FSDP over every device by default
-(`python -m launch.plan --config=configs/sft_qwen3_6_35b_a3b.py` prints per-device memory for
-other layouts). 10K trajectories packed into 8K-token rows: ~150 steps per epoch at 32 rows.
+experts through `ragged_dot` and expert-parallel (each device runs the experts it stores, on
+the tokens of every device); the mesh is FSDP over every device by default. The memory plan
+(`python -m launch.plan --config=configs/sft_qwen3_6_35b_a3b.py`) fits this on 16 x 80 GB;
+on 8 x 96 GB the fp32 state alone (48 GiB per device) leaves too little, so keep parameters
+and moments in bf16 there: `--config.model.param_dtype=bfloat16`.
+10K trajectories packed into 8K-token rows: ~150 steps per epoch at 32 rows.
 """
 
 import ml_collections
@@ -26,7 +29,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
     c.model.moe_dispatch = "ragged"
-    c.model.moe_shard_local = True  # each device sorts only its own tokens' expert assignments
+    c.model.moe_expert_parallel = True  # experts computed where stored; tokens all-gathered
     c.model.attention_impl = "flash"  # no [T, T] scores in the full-attention layers
     c.model.attention_block_size = 512
     c.model.remat = "full"
