@@ -65,7 +65,8 @@ def test_sharded_construction_on_a_mesh():
         value = var.get_value()
         assert value.sharding.is_equivalent_to(want.get_value(), value.ndim), path
     experts = sharded.blocks.layers[0].moe.gate_up_proj.get_value()
-    assert experts.sharding.spec[1] == "expert"  # [layers, expert, embed, 2, mlp]
+    # [layers, expert, embed, 2, mlp]: whole experts per device, over expert x fsdp
+    assert experts.sharding.spec[1] == ("expert", "fsdp")
     single = nnx.state(Qwen(TINY, rngs=nnx.Rngs(0)), nnx.Param)
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(single)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
