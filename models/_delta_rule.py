@@ -180,7 +180,9 @@ def _chunk_terms(g: jax.Array, doc: jax.Array) -> tuple[jax.Array, ...]:
     c = g.shape[-1]
     # The segment running before each chunk (the first chunk continues the state).
     prev = jnp.concatenate([doc[:, :, :1, :1], doc[:, :, :-1, -1:]], axis=2)
-    cum = jnp.cumsum(g, axis=-1)
+    # A matmul with a triangular matrix rather than jnp.cumsum: XLA's CPU reduce-window
+    # form gets re-fused into every decay consumer with slow indexing.
+    cum = g @ jnp.triu(jnp.ones((c, c), g.dtype))
     same = (doc[..., :, None] == doc[..., None, :]) & jnp.tril(jnp.ones((c, c), bool))
     gamma = jnp.exp(jnp.minimum(cum[..., :, None] - cum[..., None, :], 0.0)) * same
     cont = (doc == prev).astype(jnp.float32)
@@ -323,7 +325,7 @@ def _chunk_rule_bwd(s: _Saved, cotangents):
     d_cum = jnp.sum(d_gamma, axis=-1) - jnp.sum(d_gamma, axis=-2) + d_start * s.start - d_end
     d_last = jnp.sum(d_end, axis=-1) + d_carry * s.carry
     d_cum = d_cum.at[..., -1].add(d_last)
-    d_g = jnp.flip(jnp.cumsum(jnp.flip(d_cum, -1), axis=-1), -1)
+    d_g = d_cum @ jnp.tril(jnp.ones((c, c), d_cum.dtype))  # sums over i >= j, as above
     return d_q, d_k, d_v, d_g, d_beta, None, d_state
 
 
