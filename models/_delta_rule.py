@@ -262,7 +262,7 @@ def _chunk_rule_fwd(q, k, v, g, beta, doc, state):
     return (out, final), saved
 
 
-def _state_grads(s: _Saved, d_out, d_final):
+def _state_grads(s: _Saved, k_end, d_out, d_final):
     """Gradients of the state after each chunk [B, H, N, Dk, Dv] and of the input state.
 
     With S' = carry S + K_end^T V_new, V_new = U - W S and O = Q_start S + intra V_new:
@@ -270,7 +270,7 @@ def _state_grads(s: _Saved, d_out, d_final):
     carry-free parts are batched matmuls outside it.
     """
     w = s.solved[..., s.v.shape[-1] :]
-    mix_t = jnp.einsum("bhncj,bhnck->nbhjk", w, s.k * s.end[..., None])
+    mix_t = jnp.einsum("bhncj,bhnck->nbhjk", w, k_end)
     read = s.q * s.start[..., None] - s.intra @ w
     add = jnp.einsum("bhnck,bhncv->nbhkv", read, d_out)
 
@@ -286,10 +286,10 @@ def _state_grads(s: _Saved, d_out, d_final):
 def _chunk_rule_bwd(s: _Saved, cotangents):
     d_out, d_final = cotangents
     dv = s.v.shape[-1]
-    d_after, d_state = _state_grads(s, d_out, d_final)
+    k_end = s.k * s.end[..., None]
+    d_after, d_state = _state_grads(s, k_end, d_out, d_final)
 
     # Through each chunk's outputs and state update.
-    k_end = s.k * s.end[..., None]
     d_v_new = jnp.einsum("bhnji,bhnjv->bhniv", s.intra, d_out) + k_end @ d_after
     d_intra = jnp.einsum("bhniv,bhnjv->bhnij", d_out, s.v_new)
     d_q_start = jnp.einsum("bhncv,bhnkv->bhnck", d_out, s.states)

@@ -219,14 +219,13 @@ def _gathered_bwd(b, residuals, dy):
         pre = x_b @ w_in[e]
         dy_b = dy[t]
         dh_unweighted = dy_b @ down[e].T
-        h, _ = _swiglu_and_grad(pre)
+        g = (w[:, None] * dh_unweighted).astype(x.dtype)
+        h, d_pre = _swiglu_and_grad(pre, g)
         # d weight[r] = dy[token] . MLP(x[token]) = (dy[token] down^T) . h: no second down matmul.
         d_w = jnp.sum((h * dh_unweighted).astype(f32), axis=-1)
         keep = jnp.arange(b) < plan.valid[i]
         old = lax.dynamic_slice_in_dim(d_weight, r, b)
         d_weight = lax.dynamic_update_slice_in_dim(d_weight, jnp.where(keep, d_w, old), r, 0)
-        g = (w[:, None] * dh_unweighted).astype(x.dtype)
-        _, d_pre = _swiglu_and_grad(pre, g)
         d_down = d_down.at[e].add(jnp.dot(h.T, w[:, None].astype(x.dtype) * dy_b,
                                           preferred_element_type=f32))  # fmt: skip
         d_in = d_in.at[e].add(jnp.dot(x_b.T, d_pre, preferred_element_type=f32))

@@ -110,10 +110,8 @@ def gathered_experts(x, idx, weights, gate_up, down, *, block_size: int):
     assignment to no expert here: it is sorted last and never visited (expert parallelism).
     """
     n, k = idx.shape
-    num_experts = gate_up.shape[0]
-    flat = idx.reshape(-1)
-    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
-    counts = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1, mode="drop")
+    order, _, counts = _sort_assignments(idx, gate_up.shape[0])
+    order = order.astype(jnp.int32)
     pad = jnp.zeros((block_size,), jnp.int32)
     token = jnp.concatenate([order // k, pad])
     weight = jnp.concatenate([weights.reshape(-1)[order], pad.astype(weights.dtype)])
