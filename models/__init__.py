@@ -35,9 +35,10 @@ Public API:
     AXIS_NAMES      the logical axis names parameters carry (below).
     chunked_gated_delta_rule, recurrent_gated_delta_rule
                     the segment-aware delta rule (training form and per-step reference).
-    dense_experts, sorted_experts, ragged_experts
-                    the three dropless MoE dispatches, `f(x, idx, weights, gate_up, down)`
-                    with gate_up [E, D, 2, F] (SwiGLU gate then up) and down [E, F, D].
+    dense_experts, sorted_experts, capacity_experts, ragged_experts
+                    the four dropless MoE dispatches, `f(x, idx, weights, gate_up, down)`
+                    with gate_up [E, D, 2, F] (SwiGLU gate then up) and down [E, F, D];
+                    `expert_capacity` is the grid size of "capacity".
     gathered_experts
                     the "sorted" block loop without [N K, D] row buffers (rows gathered
                     block by block); used by the expert-parallel dispatch.
@@ -86,7 +87,14 @@ from models._config import PRESETS, QwenConfig
 from models._delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
 from models._flash import flash_attention
 from models._model import Qwen, QwenOutput
-from models._moe import dense_experts, gathered_experts, ragged_experts, sorted_experts
+from models._moe import (
+    capacity_experts,
+    dense_experts,
+    expert_capacity,
+    gathered_experts,
+    ragged_experts,
+    sorted_experts,
+)
 from models._moe_sharded import expert_parallel_experts, shard_local_experts
 from models._mtp import MTPHead, MTPOutput, check_mtp_config
 from models._params import AXIS_NAMES
@@ -119,7 +127,9 @@ __all__ = [
     "cache_logical_axes",
     "check_mtp_config",
     "chunked_gated_delta_rule",
+    "capacity_experts",
     "dense_experts",
+    "expert_capacity",
     "flash_attention",
     "expert_parallel_experts",
     "gathered_experts",

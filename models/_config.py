@@ -15,7 +15,7 @@ from typing import Any
 
 FAMILIES = ("qwen3_5_moe", "qwen3_moe")
 LAYER_TYPES = ("linear_attention", "full_attention")
-MOE_DISPATCHES = ("dense", "sorted", "ragged")
+MOE_DISPATCHES = ("dense", "sorted", "capacity", "ragged")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
 ATTENTION_IMPLS = ("dense", "flash")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -61,9 +61,14 @@ class QwenConfig:
         dtype, param_dtype: compute and storage dtypes ("float32", "bfloat16", "float16").
             Norms, softmaxes, routing and the delta rule always run in float32.
         moe_dispatch: "dense" (every expert on every token: the reference), "sorted"
-            (sort tokens by expert into fixed blocks: fast on CPU) or "ragged"
-            (`jax.lax.ragged_dot`: for GPU/TPU). All are dropless and agree.
-        moe_block_size: row block of the "sorted" dispatch.
+            (sort tokens by expert, a loop over row blocks), "capacity" (sorted into an
+            [experts, capacity] grid run as batched matmuls, overflow through the block
+            loop: fastest on CPU) or "ragged" (`jax.lax.ragged_dot`: for GPU/TPU). All are
+            dropless and agree (`models._moe`).
+        moe_block_size: row block of the "sorted" dispatch's loop (and of "capacity"'s
+            overflow loop).
+        moe_capacity_factor: rows per expert of the "capacity" grid, as a multiple of the
+            mean (tokens x top-k / experts); rows beyond it are still computed, by the loop.
         moe_shard_local: under a mesh, run the dispatch per shard of the tokens
             (`models._moe_sharded`): each device sorts only its own tokens, against expert
             weights gathered whole. Same numbers; for training with a sharded batch.
@@ -124,6 +129,7 @@ class QwenConfig:
     param_dtype: str = "float32"
     moe_dispatch: str = "sorted"
     moe_block_size: int = 128
+    moe_capacity_factor: float = 1.25
     moe_shard_local: bool = False
     moe_expert_parallel: bool = False
     attention_impl: str = "dense"
@@ -314,6 +320,8 @@ def _validate_runtime(c: QwenConfig) -> None:
            f"must be one of {MOE_DISPATCHES}")  # fmt: skip
     _check(c.remat in REMAT_POLICIES, "remat", c.remat, f"must be one of {REMAT_POLICIES}")
     _check(c.moe_block_size > 0, "moe_block_size", c.moe_block_size, "must be positive")
+    _check(c.moe_capacity_factor > 0, "moe_capacity_factor", c.moe_capacity_factor,
+           "must be positive")  # fmt: skip
     _check(c.attention_impl in ATTENTION_IMPLS, "attention_impl", c.attention_impl,
            f"must be one of {ATTENTION_IMPLS}")  # fmt: skip
     _check(c.attention_block_size > 0, "attention_block_size", c.attention_block_size,

@@ -21,6 +21,7 @@ _RUNTIME_FIELDS = (
     "param_dtype",
     "moe_dispatch",
     "moe_block_size",
+    "moe_capacity_factor",
     "moe_shard_local",
     "moe_expert_parallel",
     "attention_impl",

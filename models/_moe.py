@@ -11,6 +11,10 @@ Dispatches (config `moe_dispatch`), all exact and dropless:
 - "sorted": assignments sorted by expert, then a loop over row blocks of `moe_block_size`
   runs each expert's MLP on its own rows with its weights read in place
   (`models._grouped_mlp`); about 1 + E b / (2 N k) times the useful FLOPs; fastest on CPU.
+- "capacity": assignments sorted by expert into an [E, capacity] grid (capacity =
+  `moe_capacity_factor` x the mean rows per expert) and run as one batched matmul per
+  projection with the weights read in place; an expert's rows past its capacity go through
+  the block loop of "sorted" (usually none). Fastest on CPU when routing is near balanced.
 - "ragged": assignments sorted by expert and fed to `jax.lax.ragged_dot` (grouped GEMM
   kernels on GPU/TPU; slow on CPU).
 The router statistics for the load-balancing loss are returned alongside.
@@ -19,6 +23,7 @@ The router statistics for the load-balancing loss are returned alongside.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -119,6 +124,70 @@ def gathered_experts(x, idx, weights, gate_up, down, *, block_size: int):
     return gathered_swiglu(x, token, weight, gate_up, down, plan, block_size).astype(x.dtype)
 
 
+def expert_capacity(rows: int, num_experts: int, factor: float) -> int:
+    """Rows per expert of the "capacity" grid: `factor` x the mean, rounded up to a multiple
+    of 8, at most `rows` (all assignments at one expert)."""
+    mean = factor * rows / num_experts
+    return max(1, min(rows, -(-math.ceil(mean) // 8) * 8))
+
+
+def capacity_experts(x, idx, weights, gate_up, down, *, capacity_factor: float,
+                     block_size: int, num_experts: int | None = None):  # fmt: skip
+    """Assignments sorted by expert into an [E, capacity] grid and run as batched matmuls;
+    same contract as `dense_experts`, dropless.
+
+    Slot j of expert e holds the j-th assignment to e (in token order); empty slots read a
+    zero row and contribute nothing. Assignments past an expert's capacity are run by
+    `models._grouped_mlp.gathered_swiglu`'s block loop, which visits only the blocks those
+    overflow rows need (none when every expert fits). `num_experts` is the model's expert
+    count (the capacity is a multiple of the mean over all of them); it differs from
+    gate_up.shape[0] only when the experts here are one device's share (expert parallelism),
+    where index gate_up.shape[0] marks an assignment to no expert here.
+    """
+    n, k = idx.shape
+    local, hidden, _, ffn = gate_up.shape
+    cap = expert_capacity(n * k, num_experts or local, capacity_factor)
+    order, sorted_expert, counts = _sort_assignments(idx, local)
+    order = order.astype(jnp.int32)
+    start = jnp.cumsum(counts) - counts
+    # Rank of each sorted row among its expert's rows; rows of no expert here sort last.
+    here = sorted_expert < local
+    rank = jnp.arange(n * k, dtype=jnp.int32) - jnp.take(start, sorted_expert, mode="clip")
+    fits = here & (rank < cap)
+    slot = jnp.where(fits, sorted_expert * cap + rank, local * cap)
+    position = jnp.zeros((n * k,), jnp.int32).at[order].set(slot)  # grid slot of (token, k)
+    j = jnp.arange(cap, dtype=jnp.int32)
+    filled = j < counts[:, None]
+    assignment = jnp.where(filled, order[jnp.minimum(start[:, None] + j, n * k - 1)], n * k)
+    assignment = assignment.reshape(-1)  # (token, k) of each slot; n k: empty
+    token = jnp.where(assignment < n * k, assignment // k, n)
+    xs = _take_rows(x, token, position.reshape(n, k)).reshape(local, cap, hidden)
+    # Gate and up as one [D, 2F] matrix per expert (a 3-D batched matmul runs faster on CPU).
+    h = jnp.einsum("ecd,edf->ecf", xs, gate_up.reshape(local, hidden, 2 * ffn))
+    h = _swiglu(h.reshape(local, cap, 2, ffn))
+    ys = jnp.einsum("ecf,efd->ecd", h, down).reshape(local * cap, hidden)
+    y = _take_rows(ys, position, assignment[:, None]).reshape(n, k, hidden)
+    weights = jnp.where(idx < local, weights, 0)
+    out = jnp.einsum("nk,nkd->nd", weights, y)
+    # Overflow: the sorted rows past their expert's capacity, compacted in sorted order.
+    over = here & ~fits
+    dest = jnp.where(over, jnp.cumsum(over) - 1, n * k)
+    rows = (
+        jnp.full((n * k,), n * k, jnp.int32)
+        .at[dest]
+        .set(jnp.arange(n * k, dtype=jnp.int32), mode="drop")
+    )
+    valid = rows < n * k
+    source = order[jnp.minimum(rows, n * k - 1)]
+    pad = jnp.zeros((block_size,), jnp.int32)
+    over_token = jnp.concatenate([jnp.where(valid, source // k, 0), pad])
+    over_weight = jnp.where(valid, weights.reshape(-1)[source], 0)
+    over_weight = jnp.concatenate([over_weight, pad.astype(weights.dtype)])
+    plan = plan_blocks(jnp.maximum(counts - cap, 0), block_size, n * k)
+    extra = gathered_swiglu(x, over_token, over_weight, gate_up, down, plan, block_size)
+    return out + extra.astype(out.dtype)
+
+
 def ragged_experts(x, idx, weights, gate_up, down):
     """`jax.lax.ragged_dot` grouped matmul; same contract as `dense_experts`."""
     n, k = idx.shape
@@ -176,6 +245,13 @@ class MoE(nnx.Module):
             # memory-lean variant (no [N K, D] rows) of the same block loop.
             fn = gathered_experts if c.moe_expert_parallel else sorted_experts
             dispatch = functools.partial(fn, block_size=c.moe_block_size)
+        elif c.moe_dispatch == "capacity":
+            dispatch = functools.partial(
+                capacity_experts,
+                capacity_factor=c.moe_capacity_factor,
+                block_size=c.moe_block_size,
+                num_experts=c.num_experts,
+            )
         else:
             dispatch = ragged_experts
         if c.moe_expert_parallel:  # experts run where they are stored; tokens travel

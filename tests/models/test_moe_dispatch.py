@@ -1,5 +1,6 @@
-"""The three dropless MoE dispatches agree with each other (values and gradients), including
-skewed routing (every token on the same experts), empty experts and ragged block fills."""
+"""The dropless MoE dispatches agree with each other (values and gradients), including
+skewed routing (every token on the same experts), empty experts, ragged block fills and
+experts over the "capacity" grid (their rows run by the overflow loop)."""
 
 import functools
 
@@ -8,7 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import dense_experts, gathered_experts, ragged_experts, sorted_experts
+from models import (
+    capacity_experts,
+    dense_experts,
+    expert_capacity,
+    gathered_experts,
+    ragged_experts,
+    sorted_experts,
+)
 
 TOKENS, HIDDEN, FFN, EXPERTS, TOP_K = 300, 16, 12, 8, 2
 
@@ -41,6 +49,10 @@ DISPATCHES = {
     "gathered_b16": functools.partial(gathered_experts, block_size=16),
     "gathered_b512": functools.partial(gathered_experts, block_size=512),
     "ragged": ragged_experts,
+    # Factor 1.25: random routing fits, skewed/sparse overflow; 0.1: nearly all overflow.
+    "capacity_1.25": functools.partial(capacity_experts, capacity_factor=1.25, block_size=16),
+    "capacity_0.1_b64": functools.partial(capacity_experts, capacity_factor=0.1, block_size=64),
+    "capacity_4": functools.partial(capacity_experts, capacity_factor=4.0, block_size=16),
 }
 
 
@@ -95,3 +107,40 @@ def test_expert_index_past_the_last_means_no_expert_here(name):
     for i in (0, 2, 3):
         np.testing.assert_allclose(grads[i], want_grads[i], atol=1e-4, err_msg=f"grad {i}")
     np.testing.assert_allclose(grads[1], jnp.where(away, 0.0, want_grads[1]), atol=1e-4)
+
+
+def test_expert_capacity_is_a_multiple_of_eight_bounded_by_the_rows():
+    assert expert_capacity(600, 8, 1.25) == 96  # 93.75 -> 96
+    assert expert_capacity(600, 8, 1.0) == 80  # 75 -> 80
+    assert expert_capacity(600, 8, 100.0) == 600
+    assert expert_capacity(3, 64, 0.01) == 3  # 8, but never more than the rows
+
+
+def test_capacity_grid_uses_the_model_expert_count_for_a_device_share():
+    """Under expert parallelism the dispatch sees its local experts but sizes the grid from
+    the model's expert count; with the share's assignments all overflowing the tiny grid,
+    the loop still computes them exactly."""
+    x, gate_up, down = _weights()
+    idx, w = _routing("random", seed=3)
+    local = EXPERTS // 2
+    away = idx >= local
+    marked = jnp.where(away, local, idx)
+    want_y, want_grads = _value_and_grads(
+        "dense", x, jnp.where(away, 0, idx), jnp.where(away, 0.0, w), gate_up, down
+    )
+
+    @jax.jit
+    def run(x, w, gate_up, down):
+        def loss(x, w, gate_up, down):
+            y = capacity_experts(x, marked, w, gate_up[:local], down[:local],
+                                 capacity_factor=0.5, block_size=16, num_experts=EXPERTS)  # fmt: skip
+            return jnp.sum(y * jnp.cos(jnp.arange(y.size).reshape(y.shape))), y
+
+        return jax.value_and_grad(loss, argnums=range(4), has_aux=True)(x, w, gate_up, down)
+
+    (_, y), grads = run(x, w, gate_up, down)
+    np.testing.assert_allclose(y, want_y, atol=1e-5)
+    np.testing.assert_allclose(grads[0], want_grads[0], atol=1e-4)
+    np.testing.assert_allclose(grads[1], jnp.where(away, 0.0, want_grads[1]), atol=1e-4)
+    np.testing.assert_allclose(grads[2][:local], want_grads[2][:local], atol=1e-4)
+    np.testing.assert_allclose(grads[3][:local], want_grads[3][:local], atol=1e-4)

@@ -23,6 +23,9 @@ DISPATCHES = {
     "gathered": functools.partial(models.gathered_experts, block_size=8),
     "dense": models.dense_experts,
     "ragged": models.ragged_experts,
+    "capacity": functools.partial(
+        models.capacity_experts, capacity_factor=1.0, block_size=8, num_experts=16
+    ),
 }
 EXPERT_NAMES = (("expert", "embed", None, "expert_mlp"), ("expert", "expert_mlp", "embed"))
 

@@ -60,7 +60,7 @@ def test_shard_local_dispatch_equals_one_device():
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     kinds = {name.split("/", 1)[1] for name in results}
     assert kinds == {"shard_local/sorted"} | {
-        f"expert_parallel/{d}" for d in ("sorted", "gathered", "dense", "ragged")
+        f"expert_parallel/{d}" for d in ("sorted", "gathered", "dense", "ragged", "capacity")
     }
     assert "'fsdp'" in results["fsdp8/shard_local/sorted"]["tokens"]
     mixed = results["fsdp2,expert2,tensor2/expert_parallel/gathered"]
