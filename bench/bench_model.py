@@ -12,7 +12,9 @@ matmul peak measured in the same run, and the dispatch ratios. Ours runs the CPU
 user would make ("capacity" MoE dispatch, the two layer blocks unrolled, no remat; every
 other runtime field at its default). On a busy machine (other work above the core count)
 the ratio is not meaningful: PyTorch's OpenMP threads slow down far more than XLA's under
-oversubscription, so a warning is printed.
+oversubscription, so a warning is printed. The process keeps freed host memory
+(`hat_jax.host_memory`, as the launch scripts do on CPU; it applies to both peers): without
+it XLA's per-step buffers page-fault back in on every step.
 
     python -m bench.bench_model [--repeats 5] [--batch 4] [--length 512]
 """
@@ -33,6 +35,7 @@ import torch
 import transformers
 from flax import nnx
 
+from hat_jax.host_memory import retain_freed_memory
 from models import Qwen, QwenConfig, capacity_experts, dense_experts, sorted_experts
 from serve import load_hf
 
@@ -177,6 +180,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=512)
     args = parser.parse_args()
+    retained = retain_freed_memory(True)  # before any large allocation, for both peers
     torch.manual_seed(0)
     load_before = os.getloadavg()
 
@@ -210,6 +214,7 @@ def main() -> None:
           f"moe_capacity_factor={config.moe_capacity_factor} moe_block_size={config.moe_block_size} "
           f"deltanet_chunk_size={config.deltanet_chunk_size} remat={config.remat} "
           f"scan_unroll={config.scan_unroll}")  # fmt: skip
+    print(f"host memory retained (glibc malloc keeps freed blocks): {retained}")
     print(f"load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f}; "
           f"medians of {args.repeats} interleaved steps")  # fmt: skip
     cores = os.cpu_count() or 1  # the run itself keeps about `cores` threads busy

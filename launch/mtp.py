@@ -25,7 +25,7 @@ import data
 import models
 import rl
 from data.tokenizer import load_tokenizer
-from hat_jax import sharding, train
+from hat_jax import host_memory, sharding, train
 from hat_jax.checkpoint import read_model_config, restore_params
 from hat_jax.sharding import shardings_of
 
@@ -214,6 +214,7 @@ def main(argv):
     del argv
     logging.getLogger("absl").setLevel(logging.WARNING)
     sharding.initialize_distributed()
+    host_memory.retain_freed_memory()  # CPU: no page faults re-touching each step's buffers
     result = run(_FLAGS["config"].value, run_dir=_FLAGS["run_dir"].value)
     if jax.process_index() == 0:
         print("\n".join(f"mtp: {line}" for line in summary(result)))

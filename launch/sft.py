@@ -25,7 +25,7 @@ from ml_collections import config_flags
 import data
 import models
 from data.tokenizer import load_tokenizer
-from hat_jax import sharding, train
+from hat_jax import host_memory, sharding, train
 from hat_jax.checkpoint import restore_params
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/sft_demo.py", lock_config=True)
@@ -175,6 +175,7 @@ def main(argv):
     del argv
     logging.getLogger("absl").setLevel(logging.WARNING)
     sharding.initialize_distributed()
+    host_memory.retain_freed_memory()  # CPU: no page faults re-touching each step's buffers
     result = run(_CONFIG.value, run_dir=_RUN_DIR.value)
     if jax.process_index() == 0:
         print("\n".join(f"sft: {line}" for line in summary(result)))
