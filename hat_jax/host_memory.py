@@ -27,7 +27,7 @@ import os
 import platform
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
-_INT_MAX = 2**31 - 1
+_NEVER = -1  # read as size_t by glibc: SIZE_MAX, never trim
 ENV = "HAT_JAX_RETAIN_HOST_MEMORY"
 
 
@@ -65,5 +65,5 @@ def retain_freed_memory(enable: bool | None = None) -> bool:
     libc = _glibc()
     if not enable or libc is None:
         return False
-    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX))
+    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER))
     return all(libc.mallopt(option, value) == 1 for option, value in settings)
