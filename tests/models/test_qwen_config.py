@@ -24,7 +24,8 @@ TINY = QwenConfig.preset("tiny")
         ({"linear_num_key_heads": 3}, "linear_num_key_heads"),  # does not divide 4 value heads
         ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
         ({"family": "llama"}, "family"),
-        ({"moe_dispatch": "capacity"}, "moe_dispatch"),
+        ({"moe_dispatch": "padded"}, "moe_dispatch"),
+        ({"moe_capacity_factor": 0.0}, "moe_capacity_factor"),
         ({"remat": "sometimes"}, "remat"),
         ({"dtype": "int8"}, "dtype"),
         ({"hidden_size": 0}, "hidden_size"),

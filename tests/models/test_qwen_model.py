@@ -106,6 +106,24 @@ def test_remat_policies_change_memory_not_math():
 
 
 @pytest.mark.slow
+def test_capacity_dispatch_in_the_model_matches_dense():
+    """The model's "capacity" dispatch (config factor and block size, the model's expert
+    count) gives the dense dispatch's loss and gradients; at factor 0.5 the grid holds
+    about half the rows and the overflow loop runs the rest."""
+    factor = 0.5
+    ids = jnp.asarray(_ids(length=32))
+    results = {}
+    for dispatch in ("dense", "capacity"):
+        config = TINY.replace(moe_dispatch=dispatch, moe_capacity_factor=factor, moe_block_size=8)
+        graphdef, state = nnx.split(Qwen(config, rngs=nnx.Rngs(0)))
+        results[dispatch] = jax.jit(_loss_and_grads, static_argnums=0)(graphdef, state, ids)
+    (loss, grads), (want_loss, want_grads) = results["capacity"], results["dense"]
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_bfloat16_compute_path():
     ids = _ids()
     ref = forward(Qwen(TINY, rngs=nnx.Rngs(0)), ids).logits
