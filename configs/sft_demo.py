@@ -28,7 +28,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             vocab_size=0,
             dtype="float32",
             param_dtype="float32",
+            # "dense" | "sorted" | "capacity" (batched grid, faster on CPU) | "ragged" (GPU/TPU)
             moe_dispatch="sorted",
+            # "capacity" grid rows per expert, x the mean; rows past it still run (dropless)
+            moe_capacity_factor=1.25,
             # True: under a mesh, each device routes only its own tokens (models._moe_sharded)
             moe_shard_local=False,
             # True: under a mesh, each device runs only the experts it stores; tokens travel

@@ -138,8 +138,8 @@ def capacity_experts(x, idx, weights, gate_up, down, *, capacity_factor: float,
 
     Slot j of expert e holds the j-th assignment to e (in token order); empty slots read a
     zero row and contribute nothing. Assignments past an expert's capacity are run by
-    `models._grouped_mlp.gathered_swiglu`'s block loop, which visits only the blocks those
-    overflow rows need (none when every expert fits). `num_experts` is the model's expert
+    `gathered_experts`, whose block loop visits only the blocks those overflow rows need
+    (none when every expert fits). `num_experts` is the model's expert
     count (the capacity is a multiple of the mean over all of them); it differs from
     gate_up.shape[0] only when the experts here are one device's share (expert parallelism),
     where index gate_up.shape[0] marks an assignment to no expert here.
@@ -169,23 +169,13 @@ def capacity_experts(x, idx, weights, gate_up, down, *, capacity_factor: float,
     y = _take_rows(ys, position, assignment[:, None]).reshape(n, k, hidden)
     weights = jnp.where(idx < local, weights, 0)
     out = jnp.einsum("nk,nkd->nd", weights, y)
-    # Overflow: the sorted rows past their expert's capacity, compacted in sorted order.
-    over = here & ~fits
-    dest = jnp.where(over, jnp.cumsum(over) - 1, n * k)
-    rows = (
-        jnp.full((n * k,), n * k, jnp.int32)
-        .at[dest]
-        .set(jnp.arange(n * k, dtype=jnp.int32), mode="drop")
+    # Assignments past their expert's capacity (no grid slot) through the gathered block
+    # loop; every other assignment is "not here" to it and never visited.
+    overflow = (position.reshape(n, k) == local * cap) & (idx < local)
+    extra = gathered_experts(
+        x, jnp.where(overflow, idx, local), weights, gate_up, down, block_size=block_size
     )
-    valid = rows < n * k
-    source = order[jnp.minimum(rows, n * k - 1)]
-    pad = jnp.zeros((block_size,), jnp.int32)
-    over_token = jnp.concatenate([jnp.where(valid, source // k, 0), pad])
-    over_weight = jnp.where(valid, weights.reshape(-1)[source], 0)
-    over_weight = jnp.concatenate([over_weight, pad.astype(weights.dtype)])
-    plan = plan_blocks(jnp.maximum(counts - cap, 0), block_size, n * k)
-    extra = gathered_swiglu(x, over_token, over_weight, gate_up, down, plan, block_size)
-    return out + extra.astype(out.dtype)
+    return out + extra
 
 
 def ragged_experts(x, idx, weights, gate_up, down):

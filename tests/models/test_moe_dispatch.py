@@ -57,9 +57,11 @@ DISPATCHES = {
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _value_and_grads(name, x, idx, w, gate_up, down):
+def _value_and_grads(name_or_dispatch, x, idx, w, gate_up, down):
+    dispatch = DISPATCHES.get(name_or_dispatch) or name_or_dispatch
+
     def loss(x, w, gate_up, down):
-        y = DISPATCHES[name](x, idx, w, gate_up, down)
+        y = dispatch(x, idx, w, gate_up, down)
         return jnp.sum(y * jnp.cos(jnp.arange(y.size).reshape(y.shape))), y
 
     (_, y), grads = jax.value_and_grad(loss, argnums=range(4), has_aux=True)(x, w, gate_up, down)
@@ -117,9 +119,10 @@ def test_expert_capacity_is_a_multiple_of_eight_bounded_by_the_rows():
 
 
 def test_capacity_grid_uses_the_model_expert_count_for_a_device_share():
-    """Under expert parallelism the dispatch sees its local experts but sizes the grid from
-    the model's expert count; with the share's assignments all overflowing the tiny grid,
-    the loop still computes them exactly."""
+    """Under expert parallelism the dispatch sees its local experts (the rest marked "not
+    here") but sizes the grid from the model's expert count: here 40 slots for ~75 rows per
+    local expert, so about half of the share's assignments go through the overflow loop;
+    the result is still exact."""
     x, gate_up, down = _weights()
     idx, w = _routing("random", seed=3)
     local = EXPERTS // 2
@@ -129,16 +132,10 @@ def test_capacity_grid_uses_the_model_expert_count_for_a_device_share():
         "dense", x, jnp.where(away, 0, idx), jnp.where(away, 0.0, w), gate_up, down
     )
 
-    @jax.jit
-    def run(x, w, gate_up, down):
-        def loss(x, w, gate_up, down):
-            y = capacity_experts(x, marked, w, gate_up[:local], down[:local],
-                                 capacity_factor=0.5, block_size=16, num_experts=EXPERTS)  # fmt: skip
-            return jnp.sum(y * jnp.cos(jnp.arange(y.size).reshape(y.shape))), y
-
-        return jax.value_and_grad(loss, argnums=range(4), has_aux=True)(x, w, gate_up, down)
-
-    (_, y), grads = run(x, w, gate_up, down)
+    share = functools.partial(
+        capacity_experts, capacity_factor=0.5, block_size=16, num_experts=EXPERTS
+    )
+    y, grads = _value_and_grads(share, x, marked, w, gate_up[:local], down[:local])
     np.testing.assert_allclose(y, want_y, atol=1e-5)
     np.testing.assert_allclose(grads[0], want_grads[0], atol=1e-4)
     np.testing.assert_allclose(grads[1], jnp.where(away, 0.0, want_grads[1]), atol=1e-4)
