@@ -8,11 +8,14 @@ experts top-4.
 
 Printed: median step times over interleaved repeats (the CPU may be shared, so the load
 average is printed too), the ratio, model FLOP/s as a fraction of this machine's float32
-matmul peak measured in the same run, and the dispatch ratios. Ours runs the CPU choices a
-user would make ("capacity" MoE dispatch, the two layer blocks unrolled, no remat; every
-other runtime field at its default). On a busy machine (other work above the core count)
-the ratio is not meaningful: PyTorch's OpenMP threads slow down far more than XLA's under
-oversubscription, so a warning is printed. The process keeps freed host memory
+matmul peak measured in the same run, the FLOP/s of JAX and torch on the batched products
+that dominate our step (the routed experts' grid and a delta-rule chunk product, same
+operands: how far the step ratio is bounded by the two frameworks' CPU matmul kernels), and
+the dispatch ratios. Ours runs the CPU choices a user would make ("capacity" MoE dispatch,
+the two layer blocks unrolled, no remat; every other runtime field at its default). On a
+busy machine (other work above the core count) the ratio is not meaningful: PyTorch's
+OpenMP threads slow down far more than XLA's under oversubscription, so a warning is
+printed. The process keeps freed host memory
 (`hat_jax.host_memory`, as the launch scripts do on CPU; it applies to both peers): without
 it XLA's per-step buffers page-fault back in on every step.
 
@@ -36,7 +39,14 @@ import transformers
 from flax import nnx
 
 from hat_jax.host_memory import retain_freed_memory
-from models import Qwen, QwenConfig, capacity_experts, dense_experts, sorted_experts
+from models import (
+    Qwen,
+    QwenConfig,
+    capacity_experts,
+    dense_experts,
+    expert_capacity,
+    sorted_experts,
+)
 from serve import load_hf
 
 HIDDEN, LAYERS, EXPERTS, TOP_K, VOCAB = 256, 8, 32, 4, 4096
@@ -71,15 +81,24 @@ def _median_time(fn, repeats: int) -> list[float]:
     return times
 
 
+def matmul_rates(repeats: int, batch: int, m: int, k: int, n: int) -> tuple[float, float]:
+    """Median float32 FLOP/s of JAX and of torch on `batch` [m, k] x [k, n] products (one
+    2-D product when batch is 1), the same operands for both."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.normal(size=(batch, *s)).astype(np.float32) for s in [(m, k), (k, n)])
+    f = jax.jit(lambda x, y: x @ y)
+    x, y = jnp.asarray(a[0] if batch == 1 else a), jnp.asarray(b[0] if batch == 1 else b)
+    f(x, y).block_until_ready()
+    jax_t = statistics.median(_median_time(lambda: f(x, y).block_until_ready(), 3 * repeats))
+    tx, ty = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y))
+    torch_t = statistics.median(_median_time(lambda: tx @ ty, 3 * repeats))
+    flops = 2.0 * batch * m * k * n
+    return flops / jax_t, flops / torch_t
+
+
 def matmul_peak(repeats: int, n: int = 1024) -> tuple[float, float]:
     """Median float32 matmul FLOP/s of JAX and of torch on an n x n x n product."""
-    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    jax_t = statistics.median(_median_time(lambda: f(a).block_until_ready(), 3 * repeats))
-    t = torch.from_numpy(np.asarray(a))
-    torch_t = statistics.median(_median_time(lambda: t @ t, 3 * repeats))
-    return 2 * n**3 / jax_t, 2 * n**3 / torch_t
+    return matmul_rates(repeats, 1, n, n, n)
 
 
 def model_flops(c: QwenConfig, batch: int, length: int) -> float:
@@ -174,6 +193,19 @@ def dispatch_bench(repeats: int, tokens: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def kernel_shapes(c: QwenConfig, batch: int, length: int) -> dict[str, tuple[int, ...]]:
+    """(batch, m, k, n) of the batched products that dominate our step: the routed experts'
+    gate/up product on the capacity grid, and a delta-rule chunk product (K K^T)."""
+    rows = batch * length * c.num_experts_per_tok
+    cap = expert_capacity(rows, c.num_experts, c.moe_capacity_factor)
+    chunk, dk = c.deltanet_chunk_size, c.linear_key_head_dim
+    chunks = batch * c.linear_num_value_heads * -(-length // chunk)
+    return {
+        "expert grid": (c.num_experts, cap, c.hidden_size, 2 * c.moe_intermediate_size),
+        "delta-rule chunk": (chunks, chunk, dk, chunk),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -199,6 +231,8 @@ def main() -> None:
         ours_t += _median_time(ours, 1)
         theirs_t += _median_time(theirs, 1)
     jax_peak, torch_peak = matmul_peak(args.repeats)
+    kernels = kernel_shapes(config, args.batch, args.length)
+    rates = {name: matmul_rates(args.repeats, *shape) for name, shape in kernels.items()}
     dispatch = dispatch_bench(args.repeats, args.batch * args.length)
     load_after = os.getloadavg()
 
@@ -223,6 +257,10 @@ def main() -> None:
               "below is not a valid measurement; rerun on an idle machine")  # fmt: skip
     print(f"matmul peak (fp32, 1024^3): jax {jax_peak / 1e9:.1f} GFLOP/s, "
           f"torch {torch_peak / 1e9:.1f} GFLOP/s")  # fmt: skip
+    for name, (jax_rate, torch_rate) in rates.items():
+        b, m, k, n = kernels[name]
+        print(f"{name} products ({b} x [{m}, {k}] x [{k}, {n}]): jax {jax_rate / 1e9:.1f} "
+              f"GFLOP/s, torch {torch_rate / 1e9:.1f} GFLOP/s ({jax_rate / torch_rate:.2f}x)")  # fmt: skip
     print(f"model FLOPs per fwd+bwd step: {flops / 1e9:.1f} GFLOP")
     print(f"ours (JAX, {config.moe_dispatch} dispatch): {ours_s * 1e3:8.1f} ms  "
           f"{flops / ours_s / 1e9:6.1f} GFLOP/s = {flops / ours_s / jax_peak:.0%} of peak "
