@@ -101,8 +101,9 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
 
     [[A, 0], [C, D]]^-1 = [[A^-1, 0], [-D^-1 C A^-1, D^-1]], doubling the block size from 1
     to n (n is padded to a power of two). Only the strictly lower triangle of `a` is read.
-    Only batched matmuls: on CPU about 50x faster than `triangular_solve` on many small
-    systems, and the form GPU/TPU kernels use as well.
+    Batched matmuls (blocks of up to 4 rows as fused products, `_tiny_matmul`): on CPU about
+    50x faster than `triangular_solve` on many small systems, and the form GPU/TPU kernels
+    use as well.
     """
     n = a.shape[-1]
     size = 1 << max(n - 1, 0).bit_length()
