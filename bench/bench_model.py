@@ -85,12 +85,12 @@ def matmul_rates(repeats: int, batch: int, m: int, k: int, n: int) -> tuple[floa
     """Median float32 FLOP/s of JAX and of torch on `batch` [m, k] x [k, n] products (one
     2-D product when batch is 1), the same operands for both."""
     rng = np.random.default_rng(0)
-    a, b = (rng.normal(size=(batch, *s)).astype(np.float32) for s in [(m, k), (k, n)])
+    lead = (batch,) if batch > 1 else ()
+    x, y = (jnp.asarray(rng.normal(size=(*lead, *s)), jnp.float32) for s in [(m, k), (k, n)])
     f = jax.jit(lambda x, y: x @ y)
-    x, y = jnp.asarray(a[0] if batch == 1 else a), jnp.asarray(b[0] if batch == 1 else b)
     f(x, y).block_until_ready()
     jax_t = statistics.median(_median_time(lambda: f(x, y).block_until_ready(), 3 * repeats))
-    tx, ty = torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(y))
+    tx, ty = torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y))  # writable copies
     torch_t = statistics.median(_median_time(lambda: tx @ ty, 3 * repeats))
     flops = 2.0 * batch * m * k * n
     return flops / jax_t, flops / torch_t

@@ -139,10 +139,10 @@ def capacity_experts(x, idx, weights, gate_up, down, *, capacity_factor: float,
     Slot j of expert e holds the j-th assignment to e (in token order); empty slots read a
     zero row and contribute nothing. Assignments past an expert's capacity are run by
     `gathered_experts`, whose block loop visits only the blocks those overflow rows need
-    (none when every expert fits). `num_experts` is the model's expert
-    count (the capacity is a multiple of the mean over all of them); it differs from
-    gate_up.shape[0] only when the experts here are one device's share (expert parallelism),
-    where index gate_up.shape[0] marks an assignment to no expert here.
+    (none when every expert fits). `num_experts` is the model's expert count (the capacity
+    is a multiple of the mean over all of them); it differs from gate_up.shape[0] only when
+    the experts here are one device's share (expert parallelism), where index
+    gate_up.shape[0] marks an assignment to no expert here.
     """
     n, k = idx.shape
     local, hidden, _, ffn = gate_up.shape
