@@ -12,6 +12,7 @@ so each case checks its margin first.
 import numpy as np
 import pytest
 
+from models._config import MOE_DISPATCHES
 from serve import load_hf
 from tests.models.qwen_fixtures import (
     PAD_FROM,
@@ -45,17 +46,22 @@ def test_logits_match_transformers(case, tmp_path):
     ids, mask = batch(seed)
     ref = hf_reference(hf, ids, mask)
     assert ref["routing_margin"] > 1e-6, f"{case}: pick another seed, the reference has a tie"
-    _, model = load_hf(save(hf, tmp_path / "hf"), dtype="float32", moe_dispatch="dense")
-    out = forward(model, ids, segment_ids=mask.astype(np.int32))
-    ours = np.asarray(out.logits)
-    real = mask.astype(bool)
-    diff = np.abs(ours - ref["logits"])[real]
-    assert diff.max() <= TOLERANCE, f"{case}: max |logits diff| {diff.max():.3g}"
+    ours = _check_against(ref, save(hf, tmp_path / "hf"), "dense", ids, mask, case)
     # Padding is its own segment: it never reaches the real tokens, and the padded row's
     # real tokens equal the same prefix run alone (checked against transformers above).
     assert np.abs(ours[1, :PAD_FROM] - ref["logits"][1, :PAD_FROM]).max() <= TOLERANCE
-    # The load-balancing loss over the non-padding tokens of all layers.
-    assert float(out.aux_loss) == pytest.approx(ref["aux_loss"], rel=1e-5)
+
+
+def _check_against(ref, hf_dir, dispatch, ids, mask, label) -> np.ndarray:
+    """Loads `hf_dir` with `dispatch` and checks its logits on every real token and its
+    load-balancing loss (non-padding tokens, all layers) against transformers'; our logits."""
+    _, model = load_hf(hf_dir, dtype="float32", moe_dispatch=dispatch)
+    out = forward(model, ids, segment_ids=mask.astype(np.int32))
+    ours = np.asarray(out.logits)
+    diff = np.abs(ours - ref["logits"])[mask.astype(bool)].max()
+    assert diff <= TOLERANCE, f"{label}, {dispatch}: max |logits diff| {diff:.3g}"
+    assert float(out.aux_loss) == pytest.approx(ref["aux_loss"], rel=1e-5), (label, dispatch)
+    return ours
 
 
 def _sampled_case(seed: int):
@@ -122,10 +128,5 @@ def test_sampled_architectures_match_transformers(seed, tmp_path):
     ref = hf_reference(hf, ids, mask)
     assert ref["routing_margin"] > 1e-6, f"seed {seed}: the reference has a top-k near-tie"
     directory = save(hf, tmp_path / "hf", fused=bool(seed % 2))
-    real = mask.astype(bool)
-    for dispatch in ("dense", "sorted", "capacity", "ragged"):
-        _, model = load_hf(directory, dtype="float32", moe_dispatch=dispatch)
-        out = forward(model, ids, segment_ids=mask.astype(np.int32))
-        diff = np.abs(np.asarray(out.logits) - ref["logits"])[real].max()
-        assert diff <= TOLERANCE, f"seed {seed}, {dispatch}: max |logits diff| {diff:.3g}"
-        assert float(out.aux_loss) == pytest.approx(ref["aux_loss"], rel=1e-5), dispatch
+    for dispatch in MOE_DISPATCHES:
+        _check_against(ref, directory, dispatch, ids, mask, f"seed {seed}")
