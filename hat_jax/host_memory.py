@@ -8,11 +8,11 @@ about 360,000 page faults and 1 s of kernel time per step, a third of the CPU ti
 
 `retain_freed_memory()` tells glibc's allocator to keep what it frees: one arena (M_ARENA_MAX
 1), no mmap'd blocks (M_MMAP_MAX 0) and no trimming of the heap (M_TRIM_THRESHOLD at its
-maximum). Freed blocks are then reused by the next step without faults. The cost: the
-process's resident memory stays at its peak, and threads share one malloc arena. It only
-affects allocations made after the call, so the launch scripts call it first thing, on the
-CPU backend only (accelerator buffers do not come from malloc). It does nothing where the C
-library is not glibc (macOS, musl).
+maximum). Freed blocks are then reused by later steps: once the heap has settled (a few
+steps), most run without faults. The cost: the process's resident memory stays at its peak,
+and threads share one malloc arena. It only affects allocations made after the call, so the
+launch scripts call it first thing, on the CPU backend only (accelerator buffers do not come
+from malloc). It does nothing where the C library is not glibc (macOS, musl).
 
 Controlled by the environment variable HAT_JAX_RETAIN_HOST_MEMORY: "1" always, "0" never,
 unset or "auto" on JAX's CPU backend only.
