@@ -73,23 +73,16 @@ def measure_pipeline(directory, tokenizer, *, seq_len, batch, batches, **kw) -> 
 def measure_step(batches: list[dict], vocab: int, steps: int) -> dict:
     config = QwenConfig.preset("tiny").replace(vocab_size=vocab)
 
-    def model_fn():
-        return Qwen(config, rngs=nnx.Rngs(0))
-
     mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
-    graphdef, abs_params, abs_rest = train.abstract_split(model_fn, mesh)
-    optimizer = train.make_optimizer(train.OptimizerConfig(learning_rate=1e-4), abs_params)
-    abstract = train.abstract_train_state(abs_params, abs_rest, optimizer, mesh)
-    _, state = train.init_train_state(
-        sharding.init_sharded(model_fn, mesh), optimizer, mesh, seed=0
+    rows, length = batches[0]["input_ids"].shape
+    sft = train.SFTConfig(
+        trainer=train.TrainerConfig(total_steps=1, batch_size=rows, seq_len=length),
+        optimizer=train.OptimizerConfig(learning_rate=1e-4),
     )
-    step = train.make_train_step(
-        train.sft_loss,
-        graphdef=graphdef,
-        optimizer=optimizer,
-        state_shardings=sharding.shardings_of(abstract),
-        batch_shardings=train.batch_shardings_for(mesh),
-    )
+    with tempfile.TemporaryDirectory() as scratch:
+        driver = train.sft_driver(sft, model_fn=lambda: Qwen(config, rngs=nnx.Rngs(0)),
+                                  run_dir=scratch, mesh=mesh)  # fmt: skip
+    state, step = driver.initial_state(), driver.step_fn
     device_batches = [sharding.global_batch(b, mesh) for b in batches]
     state, metrics = step(state, device_batches[0])  # compile
     jax.block_until_ready(metrics)

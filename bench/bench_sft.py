@@ -17,11 +17,11 @@ the production config (`launch.plan` on 8 x 96 GB and 16 x 80 GB), in its own pr
 """
 
 import argparse
-import functools
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -46,20 +46,15 @@ def matmul_peak_fn(n: int = 1024) -> tuple[Callable[[], None], float]:
 def sft_step_fn(config: QwenConfig, batch: int, length: int) -> Callable[[], None]:
     """One full SFT train step on one device, compiled and warmed up: call it to time it."""
     mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
-    model_fn = lambda: Qwen(config, rngs=nnx.Rngs(0))  # noqa: E731
-    graphdef, params, rest = train.abstract_split(model_fn, mesh)
-    optimizer = train.make_optimizer(train.OptimizerConfig(learning_rate=1e-4), params)
-    abstract = train.abstract_train_state(params, rest, optimizer, mesh)
-    _, state = train.init_train_state(
-        sharding.init_sharded(model_fn, mesh), optimizer, mesh, seed=0
+    sft = train.SFTConfig(
+        trainer=train.TrainerConfig(total_steps=1, batch_size=batch, seq_len=length),
+        optimizer=train.OptimizerConfig(learning_rate=1e-4),
+        aux_loss_coef=config.router_aux_loss_coef,
     )
-    step = train.make_train_step(
-        functools.partial(train.sft_loss, aux_loss_coef=config.router_aux_loss_coef),
-        graphdef=graphdef,
-        optimizer=optimizer,
-        state_shardings=sharding.shardings_of(abstract),
-        batch_shardings=train.batch_shardings_for(mesh),
-    )
+    with tempfile.TemporaryDirectory() as scratch:
+        driver = train.sft_driver(sft, model_fn=lambda: Qwen(config, rngs=nnx.Rngs(0)),
+                                  run_dir=scratch, mesh=mesh)  # fmt: skip
+    state, step = driver.initial_state(), driver.step_fn
     source = train.SyntheticTokenSource(
         batch_size=batch, seq_len=length, vocab_size=config.vocab_size
     )

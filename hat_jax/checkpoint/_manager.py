@@ -8,6 +8,12 @@ Layout of `<run>/checkpoints/<step>/`:
     config/          the run config (JSON)
     model_config/    the model config (JSON)
 
+The train state's frozen part (`frozen`: a teacher, a reference policy) is never written: it
+is an input of the run, read again from its source on resume. With `params_root`, the params
+item holds the parameters under that key of the trainable tree (a stage that trains a
+`policy` beside frozen models stores it at the root, as a single-model stage does), so every
+policy checkpoint restores the same way (`restore_params`).
+
 Saves are asynchronous (arrays are copied to host, then written in the background) and the
 newest `keep` steps are kept. `restore` reads into an abstract sharded train state; if the
 newest step cannot be read it is reported, moved aside as `unreadable-<step>-<time>`, and the
@@ -96,7 +102,8 @@ class Restored:
 
     Attributes:
       step: the step restored.
-      state: the train state, laid out like the abstract state given.
+      state: the train state, laid out like the abstract state given; its `frozen` part is
+        the abstract one given (the caller supplies the arrays).
       data_state: this process's data-iterator state (None if none was saved).
       config: the run config saved with it.
       model_config: the model config saved with it.
@@ -111,6 +118,13 @@ class Restored:
     skipped: tuple[tuple[int, str], ...] = ()
 
 
+def _rest(state: Any) -> Any:
+    """The part of a train state the `train_state` item holds: not the parameters (their own
+    item) and not the frozen state (never written)."""
+    rest = state.replace(params={})
+    return rest.replace(frozen=None) if hasattr(rest, "frozen") else rest
+
+
 class CheckpointManager:
     """Saves and restores training checkpoints under `<directory>/<step>/`.
 
@@ -118,11 +132,21 @@ class CheckpointManager:
       directory: usually `<run>/checkpoints`.
       keep: how many of the newest checkpoints to keep.
       async_save: write in the background (the call returns once arrays are on the host).
+      params_root: store `state.params[params_root]` as the params item (the trainable tree
+        must hold nothing else), and restore it back under that key.
     """
 
-    def __init__(self, directory: os.PathLike | str, *, keep: int = 3, async_save: bool = True):
+    def __init__(
+        self,
+        directory: os.PathLike | str,
+        *,
+        keep: int = 3,
+        async_save: bool = True,
+        params_root: str | None = None,
+    ):
         if keep < 1:
             raise ValueError(f"CheckpointManager: keep must be >= 1, got {keep}")
+        self.params_root = params_root
         self.directory = pathlib.Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save, create=True
@@ -152,8 +176,8 @@ class CheckpointManager:
         the batch of this step), as it is written after this call returns.
         """
         items = {
-            PARAMS_ITEM: ocp.args.StandardSave(to_pure_tree(state.params)),
-            "train_state": ocp.args.StandardSave(state.replace(params={})),
+            PARAMS_ITEM: ocp.args.StandardSave(self._params_tree(state.params)),
+            "train_state": ocp.args.StandardSave(_rest(state)),
             "config": ocp.args.JsonSave(dict(config or {})),
             MODEL_CONFIG_ITEM: ocp.args.JsonSave(dict(model_config or {})),
         }
@@ -169,32 +193,49 @@ class CheckpointManager:
         """Whether the cluster asked every process to checkpoint at `step` and stop."""
         return self._manager.reached_preemption(step)
 
+    def _params_tree(self, params: Any) -> Any:
+        tree = to_pure_tree(params)
+        if self.params_root is None:
+            return tree
+        if set(tree) != {self.params_root}:
+            raise ValueError(
+                f"CheckpointManager: params_root={self.params_root!r} but the trainable "
+                f"parameters are under {sorted(tree)}"
+            )
+        return tree[self.params_root]
+
     def _restore_step(self, step: int, abstract_state: Any) -> Restored:
         directory = self.directory / str(step)
         abstract_params = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-            to_pure_tree(abstract_state.params),
+            self._params_tree(abstract_state.params),
         )
         saved = ocp.PyTreeCheckpointer().metadata(directory / PARAMS_ITEM).item_metadata.tree
         _check_target(saved, abstract_params, directory / PARAMS_ITEM)
         items = {
             PARAMS_ITEM: ocp.args.StandardRestore(abstract_params),
-            "train_state": ocp.args.StandardRestore(abstract_state.replace(params={})),
+            "train_state": ocp.args.StandardRestore(_rest(abstract_state)),
             "config": ocp.args.JsonRestore(),
             MODEL_CONFIG_ITEM: ocp.args.JsonRestore(),
         }
         if (directory / "data").is_dir():
             items["data"] = DataStateRestore()
         out = self._manager.restore(step, args=ocp.args.Composite(**items))
+        restored = out[PARAMS_ITEM]
+        if self.params_root is not None:
+            restored = {self.params_root: restored}
         params = abstract_state.params
         if isinstance(params, nnx.State):
             params = jax.tree.map(lambda x: x, params)
-            nnx.replace_by_pure_dict(params, out[PARAMS_ITEM])
+            nnx.replace_by_pure_dict(params, restored)
         else:
-            params = out[PARAMS_ITEM]
+            params = restored
+        state = out["train_state"].replace(params=params)
+        if hasattr(state, "frozen"):
+            state = state.replace(frozen=abstract_state.frozen)
         return Restored(
             step=step,
-            state=out["train_state"].replace(params=params),
+            state=state,
             data_state=out["data"] if "data" in items else None,
             config=out["config"] or {},
             model_config=out[MODEL_CONFIG_ITEM] or {},

@@ -23,6 +23,7 @@ from hat_jax.sharding._placement import (
     global_batch,
     init_sharded,
     logical_names,
+    sharded_structs,
     shardings_of,
     state_shardings,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "logical_names",
     "logical_to_spec",
     "make_mesh",
+    "sharded_structs",
     "shardings_of",
     "state_shardings",
     "use_rules",

@@ -73,11 +73,16 @@ def abstract_model(
     with nnx.use_eager_sharding(False):
         abstract = nnx.eval_shape(model_fn)
     graphdef, state = nnx.split(abstract)
+    return graphdef, sharded_structs(state, mesh, rules)
+
+
+def sharded_structs(state: Any, mesh: jax.sharding.Mesh, rules: Rules = PARAM_RULES) -> Any:
+    """A (possibly abstract) state as `jax.ShapeDtypeStruct`s with the `NamedSharding`s its
+    variables' logical names ask for."""
     shardings = state_shardings(state, mesh, rules)
-    state = jax.tree.map(
+    return jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings
     )
-    return graphdef, state
 
 
 def shardings_of(abstract_state: Any) -> Any:

@@ -1,7 +1,9 @@
-"""The data-source interface the trainer consumes, and a synthetic packed-token source.
+"""The batch-source interfaces the trainer consumes, and a synthetic packed-token source.
 
 Any iterator of dict batches with savable state plugs into the trainer (the Grain pipeline
-in `data/` is the real one). A batch is the *process-local* rows of the global batch:
+in `data/` is the real one): a `DataSource`. An on-policy stage (OPD, RL) plugs in an
+`OnPolicySource` instead: the trainer hands it the current model(s) and it samples the next
+batch with those weights. A batch is the *process-local* rows of the global batch:
 
 - `input_ids`   int32 [b, T]  token ids of packed rows
 - `loss_mask`   int32 [b, T]  1 on tokens to learn (assistant-produced), else 0
@@ -10,7 +12,8 @@ in `data/` is the real one). A batch is the *process-local* rows of the global b
 
 where b = global batch / `jax.process_count()`. `get_state()` returns a JSON-serialisable
 dict (or bytes / str) taken *after* the last batch returned, and `set_state(state)` resumes
-exactly there: the trainer saves it with every checkpoint.
+exactly there: the trainer saves it with every checkpoint. For an on-policy source that state
+includes its sampling RNG position, so a resumed run samples what an uninterrupted one would.
 
 `SyntheticTokenSource` is for tests, benchmarks and plans only (its tokens follow simple
 learnable rules, so losses fall); training stages use the data pipeline.
@@ -18,7 +21,7 @@ learnable rules, so losses fall); training stages use the data pipeline.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -33,6 +36,23 @@ class DataSource(Protocol):
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]: ...
 
     def __next__(self) -> dict[str, np.ndarray]: ...
+
+    def get_state(self) -> Any: ...
+
+    def set_state(self, state: Any) -> None: ...
+
+
+@runtime_checkable
+class OnPolicySource(Protocol):
+    """Samples each batch with the current weights; its position can be saved and restored.
+
+    `next_batch(model)` gets the model(s) of the current train state (as `merge_model` builds
+    them; do not keep them past the call: the next step donates their arrays) and returns
+    this process's rows and host figures about them (e.g. response lengths), logged with the
+    step's metrics. Raises StopIteration when it has nothing left.
+    """
+
+    def next_batch(self, model: Any) -> tuple[dict[str, np.ndarray], Mapping[str, float]]: ...
 
     def get_state(self) -> Any: ...
 

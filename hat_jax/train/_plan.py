@@ -4,8 +4,10 @@ Nothing is allocated: the train state and the batch are `jax.ShapeDtypeStruct`s 
 shardings, the step is lowered and compiled for the mesh (on simulated CPU devices when
 planning for a cluster), and XLA's buffer assignment reports, per device, the bytes of the
 arguments (the state and the batch), the outputs, the outputs aliased to donated arguments,
-and the temporaries (activations, gradients, collectives' buffers). The peak is
-`arguments + outputs - aliased + temporaries`.
+and the temporaries (activations, gradients, collectives' buffers). The step's peak is
+`arguments + outputs - aliased + temporaries`. An on-policy stage also samples between steps:
+its sampling program is compiled too, and that phase's peak is the resident train state
+(frozen models included) plus the sampler's caches, temporaries and outputs.
 
 The numbers are XLA's own for the backend that compiled (CPU here); a GPU compile fuses and
 schedules differently, so treat them as a close estimate and keep a margin.
@@ -14,23 +16,20 @@ schedules differently, so treat them as a close estimate and keep a margin.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
+import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hat_jax.sharding import make_mesh, shardings_of
-from hat_jax.train._data import BATCH_KEYS
-from hat_jax.train._losses import sft_loss
-from hat_jax.train._optimizer import learning_rate_schedule, make_optimizer
-from hat_jax.train._sft import SFTConfig, abstract_split, batch_shardings_for
-from hat_jax.train._state import abstract_train_state
-from hat_jax.train._step import make_train_step
+from hat_jax.sharding import make_mesh
+from hat_jax.train._sft import SFTConfig, sft_driver
+from hat_jax.train._stage import StageDriver
 
 GIB = 1024**3
 
@@ -51,10 +50,26 @@ class MemoryPlan:
     temporaries: int
     compile_seconds: float
     largest: tuple[tuple[str, int], ...] = ()
+    sampling_temporaries: int = 0
+    sampling_outputs: int = 0
+
+    @property
+    def step_peak(self) -> int:
+        """The train step's peak: its arguments (state, batch), outputs not aliased to the
+        donated state, and temporaries."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries
+
+    @property
+    def sampling_peak(self) -> int:
+        """An on-policy stage's sampling phase: the whole train state stays resident while
+        the sampler's caches and temporaries (and its outputs) are live (0: no sampling)."""
+        if not (self.sampling_temporaries or self.sampling_outputs):
+            return 0
+        return self.state_bytes + self.sampling_temporaries + self.sampling_outputs
 
     @property
     def peak(self) -> int:
-        return self.arguments + self.outputs - self.aliased + self.temporaries
+        return max(self.step_peak, self.sampling_peak)
 
     def fits(self, device_bytes: float, reserve: float = 0.1) -> bool:
         """Whether the peak fits with `reserve` of the device kept free (runtime, fragmentation)."""
@@ -93,6 +108,49 @@ def _nbytes(tree) -> int:
     return total
 
 
+def plan_stage_step(
+    driver: StageDriver,
+    *,
+    sampler: Callable[[Any], Any] | None = None,
+) -> MemoryPlan:
+    """Compiles a stage's train step (and, for an on-policy stage, its sampling program) for
+    the driver's mesh and returns the memory plan. Nothing is allocated.
+
+    Args:
+      driver: the stage (its models, loss, mesh and batch geometry); never started.
+      sampler: `abstract stage module -> jax.stages.Lowered` of the sampling program (e.g.
+        `models.Sampler(module.policy).lower(...)`), for on-policy stages.
+    """
+    state, batch = driver.abstract, driver.abstract_batch()
+    t = driver.config.trainer
+    start = time.perf_counter()
+    compiled = driver.step_fn.lower(state, batch).compile()
+    analysis = compiled.memory_analysis()
+    sampling = {}
+    if sampler is not None:
+        program = sampler(driver.model(state)).compile().memory_analysis()
+        sampling = dict(
+            sampling_temporaries=int(program.temp_size_in_bytes),
+            sampling_outputs=int(program.output_size_in_bytes - program.alias_size_in_bytes),
+        )
+    seconds = time.perf_counter() - start
+    return MemoryPlan(
+        mesh=dict(driver.mesh.shape),
+        batch_size=t.batch_size,
+        seq_len=t.seq_len,
+        micro_batches=t.micro_batches,
+        params=sum(math.prod(x.shape) for x in jax.tree.leaves(state.params)),
+        state_bytes=_nbytes(state),
+        arguments=int(analysis.argument_size_in_bytes),
+        outputs=int(analysis.output_size_in_bytes),
+        aliased=int(analysis.alias_size_in_bytes),
+        temporaries=int(analysis.temp_size_in_bytes),
+        compile_seconds=seconds,
+        largest=largest_buffers(compiled.as_text()),
+        **sampling,
+    )
+
+
 def plan_sft_step(
     config: SFTConfig,
     model_fn: Callable[[], nnx.Module],
@@ -107,41 +165,5 @@ def plan_sft_step(
       devices: the devices of the mesh (default: all); simulated CPU devices work.
     """
     mesh = make_mesh(config.mesh, devices=devices)
-    graphdef, params, rest = abstract_split(model_fn, mesh)
-    optimizer = make_optimizer(config.optimizer, params)
-    state = abstract_train_state(params, rest, optimizer, mesh)
-    shardings = batch_shardings_for(mesh)
-    t = config.trainer
-    batch = {
-        k: jax.ShapeDtypeStruct((t.batch_size, t.seq_len), jnp.int32, sharding=shardings[k])
-        for k in BATCH_KEYS
-    }
-    step = make_train_step(
-        functools.partial(
-            sft_loss, aux_loss_coef=config.aux_loss_coef, logits_chunk=config.logits_chunk
-        ),
-        graphdef=graphdef,
-        optimizer=optimizer,
-        state_shardings=shardings_of(state),
-        batch_shardings=shardings,
-        micro_batches=t.micro_batches,
-        learning_rate_fn=learning_rate_schedule(config.optimizer),
-    )
-    start = time.perf_counter()
-    compiled = step.lower(state, batch).compile()
-    seconds = time.perf_counter() - start
-    analysis = compiled.memory_analysis()
-    return MemoryPlan(
-        mesh=dict(mesh.shape),
-        batch_size=t.batch_size,
-        seq_len=t.seq_len,
-        micro_batches=t.micro_batches,
-        params=sum(math.prod(x.shape) for x in jax.tree.leaves(state.params)),
-        state_bytes=_nbytes(state),
-        arguments=int(analysis.argument_size_in_bytes),
-        outputs=int(analysis.output_size_in_bytes),
-        aliased=int(analysis.alias_size_in_bytes),
-        temporaries=int(analysis.temp_size_in_bytes),
-        compile_seconds=seconds,
-        largest=largest_buffers(compiled.as_text()),
-    )
+    with tempfile.TemporaryDirectory() as scratch:
+        return plan_stage_step(sft_driver(config, model_fn=model_fn, run_dir=scratch, mesh=mesh))

@@ -1,14 +1,18 @@
 """The train state: one pytree holding everything a step reads and writes.
 
-`TrainState` carries the step counter, the model's parameters (`nnx.Param` state) and its
-other state, the optimiser state, the RNG key (as raw key data, so checkpoints hold plain
-integers) and the non-finite counters. The model's graph definition is static and lives in
-the compiled step, not in the state. Shardings of the optimiser state follow the parameters
-they mirror (matched by tree path), everything else is replicated.
+`TrainState` carries the step counter, the trainable parameters and the model's other state,
+the frozen state (models a stage only reads: a teacher, a reference policy, the policy under
+an MTP head), the optimiser state, the RNG key (as raw key data, so checkpoints hold plain
+integers) and the non-finite counters. A model is split three ways by filters
+(`split_model`): trainable (`nnx.Param` by default), frozen (nothing by default) and the rest.
+The model's graph definition is static and lives in the compiled step, not in the state.
+Shardings of the optimiser state follow the parameters they mirror (matched by tree path),
+everything else is replicated.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -17,7 +21,9 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from hat_jax.sharding import shardings_of
+from hat_jax.sharding import sharded_structs, shardings_of
+
+Filter = Any  # an nnx filter: a Variable type, a path predicate, nnx.All / nnx.Not, ...
 
 
 class TrainState(struct.PyTreeNode):
@@ -31,6 +37,8 @@ class TrainState(struct.PyTreeNode):
       rng: raw PRNG key data; the step derives its key from it and `step`.
       nonfinite_streak: consecutive steps skipped for a non-finite loss or gradient.
       nonfinite_total: all steps skipped so far.
+      frozen: state the step reads but never differentiates, donates or checkpoints (None:
+        none); it is read again from its source when a run resumes.
     """
 
     step: jax.Array
@@ -40,11 +48,46 @@ class TrainState(struct.PyTreeNode):
     rng: jax.Array
     nonfinite_streak: jax.Array
     nonfinite_total: jax.Array
+    frozen: Any = None
 
 
-def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
-    """`(graphdef, params, model_state)`: trainable parameters apart from everything else."""
-    return nnx.split(model, nnx.Param, ...)
+def split_model(
+    model: nnx.Module, trainable: Filter = nnx.Param, frozen: Filter = nnx.Nothing
+) -> tuple[nnx.GraphDef, nnx.State, nnx.State, nnx.State]:
+    """`(graphdef, params, frozen, model_state)`: the trainable variables, the frozen ones and
+    everything else. `frozen` is applied first, so a frozen model's parameters never train."""
+    graphdef, frozen_state, params, rest = nnx.split(model, frozen, trainable, ...)
+    return graphdef, params, frozen_state, rest
+
+
+def merge_model(graphdef: nnx.GraphDef, state: TrainState) -> nnx.Module:
+    """The model (or models) a train state holds, as one module."""
+    parts = [state.params, state.model_state]
+    if state.frozen is not None:
+        parts.append(state.frozen)
+    return nnx.merge(graphdef, *parts)
+
+
+def abstract_parts(
+    model_fn: Callable[[], nnx.Module],
+    mesh: jax.sharding.Mesh,
+    *,
+    trainable: Filter = nnx.Param,
+    frozen: Filter = nnx.Nothing,
+) -> tuple[nnx.GraphDef, nnx.State, nnx.State, nnx.State]:
+    """`split_model` of the model built by `model_fn`, as sharded shape structs; allocates
+    nothing (`model_fn` is only traced)."""
+    with nnx.use_eager_sharding(False):
+        abstract = nnx.eval_shape(model_fn)
+    graphdef, params, frozen_state, rest = split_model(abstract, trainable, frozen)
+    return (graphdef, *(sharded_structs(s, mesh) for s in (params, frozen_state, rest)))
+
+
+def abstract_split(model_fn: Callable[[], nnx.Module], mesh: jax.sharding.Mesh):
+    """`(graphdef, params, model_state)` of the model as sharded shape structs (all of its
+    `nnx.Param`s trainable)."""
+    graphdef, params, _, rest = abstract_parts(model_fn, mesh)
+    return graphdef, params, rest
 
 
 def _keys(path) -> tuple[str, ...]:
@@ -79,6 +122,8 @@ def abstract_train_state(
     model_state: Any,
     optimizer: optax.GradientTransformation,
     mesh: jax.sharding.Mesh,
+    *,
+    frozen: Any = None,
 ) -> TrainState:
     """The train state as sharded `jax.ShapeDtypeStruct`s, from (abstract or real) model state.
 
@@ -104,6 +149,7 @@ def abstract_train_state(
         rng=jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated),
         nonfinite_streak=scalar,
         nonfinite_total=scalar,
+        frozen=None if frozen is None else jax.tree.map(sds, frozen),
     )
 
 
@@ -113,10 +159,14 @@ def init_train_state(
     mesh: jax.sharding.Mesh,
     *,
     seed: int,
+    trainable: Filter = nnx.Param,
+    frozen: Filter = nnx.Nothing,
 ) -> tuple[nnx.GraphDef, TrainState]:
     """The initial train state for an (already sharded) model; the optimiser state is created
-    directly in the parameters' layout."""
-    graphdef, params, model_state = split_model(model)
+    directly in the parameters' layout. `trainable` / `frozen` as in `split_model`."""
+    graphdef, params, frozen_state, model_state = split_model(model, trainable, frozen)
+    if not jax.tree.leaves(frozen_state):
+        frozen_state = None
     abstract = abstract_train_state(params, model_state, optimizer, mesh)
     opt_state = jax.jit(optimizer.init, out_shardings=shardings_of(abstract.opt_state))(params)
     place = lambda x, s: jax.device_put(x, s)  # noqa: E731
@@ -128,5 +178,6 @@ def init_train_state(
         rng=place(jax.random.key_data(jax.random.key(seed)), abstract.rng.sharding),
         nonfinite_streak=place(_scalar(0), abstract.step.sharding),
         nonfinite_total=place(_scalar(0), abstract.step.sharding),
+        frozen=frozen_state,
     )
     return graphdef, state

@@ -9,7 +9,10 @@ the gradient of the whole batch — token-weighted, exact up to float summation 
 
 After the gradient: the global norm; a non-finite guard (a non-finite loss or gradient norm
 skips the update and counts it, `TrainState.nonfinite_streak` / `nonfinite_total`); the
-optimiser update. The state is donated; input and output shardings are explicit.
+optimiser update. The state is donated, except its frozen part (`TrainState.frozen`: a
+teacher, a reference policy), which is passed to the compiled program apart and returned as
+it came, so arrays that other holders (a sampler) share stay valid. Input and output
+shardings are explicit.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hat_jax.sharding import ACTIVATION_RULES, use_rules
-from hat_jax.train._state import TrainState
+from hat_jax.train._state import TrainState, merge_model
 
 
 class LossOutput(NamedTuple):
@@ -127,12 +130,13 @@ def make_train_step(
     params_shardings = getattr(state_shardings, "params", None)
     mesh = _mesh_of(batch_shardings)
 
-    def step(state: TrainState, batch):
+    def step(state: TrainState, batch, frozen):
         rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
 
         def objective(params, micro, key):
             with use_rules(ACTIVATION_RULES, mesh):
-                out = loss_fn(nnx.merge(graphdef, params, state.model_state), micro, key)
+                model = merge_model(graphdef, state.replace(params=params, frozen=frozen))
+                out = loss_fn(model, micro, key)
             return out.total, out
 
         grad_fn = jax.value_and_grad(objective, has_aux=True)
@@ -172,11 +176,12 @@ def make_train_step(
             out["learning_rate"] = learning_rate_fn(state.step)
         return new, out
 
-    return jax.jit(
+    return _Compiled(
         step,
-        in_shardings=(state_shardings, dict(batch_shardings)),
-        out_shardings=(state_shardings, None),
-        donate_argnums=(0,) if donate else (),
+        state_shardings,
+        dict(batch_shardings),
+        out_state=True,
+        donate=donate,
     )
 
 
@@ -191,10 +196,41 @@ def make_eval_step(
 
     mesh = _mesh_of(batch_shardings)
 
-    def evaluate(state: TrainState, batch):
+    def evaluate(state: TrainState, batch, frozen):
         rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-        model = nnx.merge(graphdef, state.params, state.model_state)
+        model = merge_model(graphdef, state.replace(frozen=frozen))
         with use_rules(ACTIVATION_RULES, mesh):
             return loss_fn(model, batch, rng)
 
-    return jax.jit(evaluate, in_shardings=(state_shardings, dict(batch_shardings)))
+    return _Compiled(evaluate, state_shardings, dict(batch_shardings), out_state=False)
+
+
+class _Compiled:
+    """A jitted `(state, batch)` function whose `TrainState.frozen` travels as a separate,
+    never-donated argument (and is put back into the returned state as it came)."""
+
+    def __init__(self, fn, state_shardings, batch_shardings, *, out_state: bool, donate=False):
+        frozen_shardings = getattr(state_shardings, "frozen", None)
+        if state_shardings is not None and hasattr(state_shardings, "replace"):
+            state_shardings = state_shardings.replace(frozen=None)
+        self._out_state = out_state
+        self._jitted = jax.jit(
+            fn,
+            in_shardings=(state_shardings, batch_shardings, frozen_shardings),
+            out_shardings=(state_shardings, None) if out_state else None,
+            donate_argnums=(0,) if donate else (),
+        )
+
+    def _args(self, state: TrainState, batch):
+        return state.replace(frozen=None), batch, state.frozen
+
+    def __call__(self, state: TrainState, batch):
+        out = self._jitted(*self._args(state, batch))
+        if not self._out_state:
+            return out
+        new, metrics = out
+        return new.replace(frozen=state.frozen), metrics
+
+    def lower(self, state: TrainState, batch):
+        """`jax.jit(...).lower` of the program (e.g. for a memory plan)."""
+        return self._jitted.lower(*self._args(state, batch))
