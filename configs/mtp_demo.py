@@ -14,6 +14,8 @@ the before/after figures.
 
 import ml_collections
 
+import configs
+
 ARGS = ("sft", "random")
 
 
@@ -73,38 +75,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             decode_moe_dispatch="dense",
         )
     )
-    c.trainer = ml_collections.ConfigDict(
-        dict(
-            total_steps=60,
-            batch_size=8,
-            seq_len=192,  # >= max_prompt_len + max_new_tokens
-            micro_batches=1,
-            seed=0,
-            log_every=10,
-            eval_every=20,
-            eval_batches=2,
-            checkpoint_every=30,
-            keep_checkpoints=2,
-            async_checkpoints=True,
-            max_nonfinite_steps=10,
-            progress=True,
-            plots=True,
-        )
+    c.trainer = configs.trainer(
+        total_steps=60,
+        batch_size=8,
+        seq_len=192,  # >= max_prompt_len + max_new_tokens
+        eval_every=20,
+        checkpoint_every=30,
+        keep_checkpoints=2,
     )
-    c.optimizer = ml_collections.ConfigDict(
-        dict(
-            learning_rate=3e-3,
-            warmup_steps=5,
-            decay_steps=60,
-            min_learning_rate_ratio=0.1,
-            b1=0.9,
-            b2=0.95,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
-            decay_embeddings=False,
-        )  # fmt: skip
-    )
-    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, expert=1, tensor=1))
+    c.optimizer = configs.optimizer(learning_rate=3e-3, warmup_steps=5, decay_steps=60)
+    c.mesh = configs.mesh()
     c.num_draft_tokens = 3  # k of the simulated acceptance length (SGLang's num-steps)
     c.aux_loss_coef = 0.0  # < 0: the model's router_aux_loss_coef
     c.measure_speculative = True  # also decode speculatively with the head, before and after

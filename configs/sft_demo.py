@@ -11,6 +11,8 @@ tokenizer), hence 6K-token rows; a step of 2 rows takes ~15-40 s on a 2-core CPU
 
 import ml_collections
 
+import configs
+
 ARGS = ("hsa", "fixed")
 
 
@@ -57,38 +59,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             worker_count=0,
         )
     )
-    c.trainer = ml_collections.ConfigDict(
-        dict(
-            total_steps=24,
-            batch_size=2,
-            seq_len=6144,
-            micro_batches=1,
-            seed=0,
-            log_every=2,
-            eval_every=12,
-            eval_batches=2,
-            checkpoint_every=12,
-            keep_checkpoints=3,
-            async_checkpoints=True,
-            max_nonfinite_steps=10,
-            progress=True,
-            plots=True,
-        )
+    c.trainer = configs.trainer(
+        total_steps=24, batch_size=2, seq_len=6144, log_every=2, eval_every=12,
+        checkpoint_every=12,
+    )  # fmt: skip
+    c.optimizer = configs.optimizer(
+        learning_rate=3e-3, warmup_steps=3, decay_steps=24, weight_decay=0.1
     )
-    c.optimizer = ml_collections.ConfigDict(
-        dict(
-            learning_rate=3e-3,
-            warmup_steps=3,
-            decay_steps=24,
-            min_learning_rate_ratio=0.1,
-            b1=0.9,
-            b2=0.95,
-            weight_decay=0.1,
-            max_grad_norm=1.0,
-            decay_embeddings=False,
-        )
-    )
-    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, expert=1, tensor=1))
+    c.mesh = configs.mesh()
     # < 0: the model's own router_aux_loss_coef.
     c.aux_loss_coef = -1.0
     # > 0: the loss is computed this many positions at a time (no [B, T, V] logits).

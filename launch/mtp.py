@@ -13,32 +13,20 @@ prompts (`rl.run_mtp`). Writes `<run>/head`, `<run>/mtp_summary.{json,md}` and, 
 """
 
 import dataclasses
-import logging
 import pathlib
 
-import jax
-from absl import app, flags
+from absl import app
 from flax import nnx
-from ml_collections import config_flags
 
 import data
 import models
 import rl
 from data.tokenizer import load_tokenizer
-from hat_jax import host_memory, sharding, train
-from hat_jax.checkpoint import read_model_config, restore_params
+from hat_jax import sharding, train
 from hat_jax.sharding import shardings_of
+from launch import _common
 
-_FLAGS = {}
-
-
-def _define_flags() -> None:
-    """The command-line flags, defined only when run as a script: other code (the demo, the
-    config tests) imports this module beside `launch.sft`, whose flags have the same names."""
-    _FLAGS["config"] = config_flags.DEFINE_config_file(
-        "config", "configs/mtp_demo.py", lock_config=True
-    )
-    _FLAGS["run_dir"] = flags.DEFINE_string("run_dir", None, "Overrides config.run_dir.")
+_FLAGS: dict = {}
 
 
 _KINDS = {"policy": ("orbax", "hf", "random"), "head": ("hf", "orbax", "random")}
@@ -55,38 +43,18 @@ class Built:
     run_dir: pathlib.Path
 
 
-def _model_config(c, tokenizer) -> models.QwenConfig:
-    runtime = {k: c.model[k] for k in ("dtype", "param_dtype", "moe_dispatch", "remat")}
-    kind, path = c.policy.kind, c.policy.path
-    if kind == "random" or not path or not pathlib.Path(path).exists():
-        # A random policy, or a checkpoint not there yet (`run` then says so): the preset.
-        config = models.QwenConfig.preset(c.model.preset, **runtime)
-        size = c.model.vocab_size or -(-len(tokenizer) // 128) * 128
-        return config.replace(vocab_size=size) if size > 0 else config
-    if kind == "hf":
-        return models.QwenConfig.from_hf(path, **runtime)
-    saved = read_model_config(path)
-    if "model_type" in saved:
-        return models.QwenConfig.from_hf(saved, **runtime)
-    return models.QwenConfig.from_dict(saved).replace(**runtime)
-
-
 def _tokenizer_dir(c) -> str | None:
     """`data.tokenizer_dir`, else a base HF checkpoint's (head or policy), else the demo's."""
-    if c.data.tokenizer_dir:
-        return c.data.tokenizer_dir
-    for part in ("head", "policy"):
-        if c[part].kind == "hf" and c[part].path:
-            return c[part].path
-    return None
+    return _common.tokenizer_dir(c, "head", "policy")
 
 
 def build(c, *, run_dir: str | None = None) -> Built:
     """Validates `c` and converts it into dataclasses (reads the tokenizer and policy config)."""
     for part, kinds in _KINDS.items():
-        if c[part].kind not in kinds:
-            raise ValueError(f"config.{part}.kind={c[part].kind!r}: choose one of {kinds}")
-    model = _model_config(c, load_tokenizer(_tokenizer_dir(c)))
+        _common.check_kind(c[part].kind, part, kinds)
+    model = _common.model_config(
+        c.model, (c.policy.kind, c.policy.path), load_tokenizer(_tokenizer_dir(c)), name="policy"
+    )
     models.check_mtp_config(model)
     coef = c.aux_loss_coef if c.aux_loss_coef >= 0 else model.router_aux_loss_coef
     rollout = {k: v for k, v in c.rollout.to_dict().items() if k != "batch_size"}
@@ -107,20 +75,12 @@ def build(c, *, run_dir: str | None = None) -> Built:
     )
 
 
-def _init(part: str, kind: str, path: str, model: models.QwenConfig):
-    if kind == "random":
-        return rl.MTP_RANDOM
-    if not path or not pathlib.Path(path).exists():
-        raise FileNotFoundError(f"config.{part}.path={path!r} does not exist ({part} kind {kind})")
+def _head_init(kind: str, path: str, model: models.QwenConfig):
+    """The head's source: random, grafted from a base HF checkpoint, or a head checkpoint."""
+    if _common.require((kind, path), "head") == "random":
+        return train.RANDOM
     from serve import convert
 
-    if part == "policy" and kind == "orbax":
-        return lambda abstract: restore_params(path, target=abstract)[0]
-    if part == "policy":
-        return lambda abstract: nnx.state(
-            convert.load_hf(path, dtype=model.param_dtype, shardings=shardings_of(abstract))[1],
-            nnx.Param,
-        )
     if kind == "hf":  # graft the base checkpoint's head, checked against the policy's shapes
         return lambda abstract: nnx.state(
             convert.load_mtp(path, config=model, shardings=shardings_of(abstract)), nnx.Param
@@ -168,8 +128,8 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> rl.MTPResult:
         run_dir=built.run_dir,
         prompts=prompts,
         eval_prompts=heldout,
-        init_policy=_init("policy", *built.policy, built.model),
-        init_head=_init("head", *built.head, built.model),
+        init_policy=_common.init_source(built.policy, built.model, name="policy"),
+        init_head=_head_init(*built.head, built.model),
         stop_tokens=(tokenizer.eos_token_id,),
         pad_id=data.pad_id(tokenizer),
         run_config=c.to_dict(),
@@ -185,16 +145,14 @@ def export(c, built: Built, result: rl.MTPResult) -> pathlib.Path:
     from serve import convert
 
     kind, path = built.policy
-    source = str(result.run_dir / "policy") if kind == "random" else path
-    if kind == "hf":
-        _, policy = convert.load_hf(source, dtype=built.model.param_dtype)
-    else:
-        graphdef, abstract = nnx.split(convert.abstract_model(built.model))
-        policy = nnx.merge(graphdef, restore_params(source, target=abstract)[0])
-    head = convert.restore_mtp(result.head_dir, built.model)
     tokenizer_dir = _tokenizer_dir(c) or str(pathlib.Path(data.__file__).parent / "tokenizer")
-    return convert.save_hf(policy, built.model, c.export.hf_dir, tokenizer_dir=tokenizer_dir,
-                           dtype=c.export.dtype, mtp=head)  # fmt: skip
+    save = dict(tokenizer_dir=tokenizer_dir, dtype=c.export.dtype)
+    if kind != "hf":  # an Orbax checkpoint, or the random policy the stage saved
+        source = str(result.run_dir / "policy") if kind == "random" else path
+        return convert.to_hf(source, c.export.hf_dir, mtp=result.head_dir, **save)
+    _, policy = convert.load_hf(path, dtype=built.model.param_dtype)
+    head = convert.restore_mtp(result.head_dir, built.model)
+    return convert.save_hf(policy, built.model, c.export.hf_dir, mtp=head, **save)
 
 
 def summary(result: rl.MTPResult) -> list[str]:
@@ -212,14 +170,9 @@ def summary(result: rl.MTPResult) -> list[str]:
 
 def main(argv):
     del argv
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    sharding.initialize_distributed()
-    host_memory.retain_freed_memory()  # CPU: no page faults re-touching each step's buffers
-    result = run(_FLAGS["config"].value, run_dir=_FLAGS["run_dir"].value)
-    if jax.process_index() == 0:
-        print("\n".join(f"mtp: {line}" for line in summary(result)))
+    _common.run_main("mtp", run, summary, _FLAGS)
 
 
 if __name__ == "__main__":
-    _define_flags()
+    _FLAGS.update(_common.define_flags("configs/mtp_demo.py"))
     app.run(main)

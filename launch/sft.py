@@ -13,23 +13,18 @@ Hugging Face checkpoint) or "orbax" (a `save_params` / training checkpoint direc
 
 import dataclasses
 import json
-import logging
 import pathlib
 
-import jax
-import numpy as np
-from absl import app, flags
+from absl import app
 from flax import nnx
-from ml_collections import config_flags
 
 import data
 import models
 from data.tokenizer import load_tokenizer
-from hat_jax import host_memory, sharding, train
-from hat_jax.checkpoint import restore_params
+from hat_jax import sharding, train
+from launch import _common
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/sft_demo.py", lock_config=True)
-_RUN_DIR = flags.DEFINE_string("run_dir", None, "Overrides config.run_dir.")
+_FLAGS: dict = {}
 _MODES = {"hsa": ("original+augmented", "augmented"), "fixed": ("original",)}
 
 
@@ -45,17 +40,6 @@ class Built:
     run_dir: pathlib.Path
 
 
-def _model_config(c, tokenizer):
-    runtime = {k: v for k, v in c.model.to_dict().items() if k not in ("preset", "vocab_size")}
-    if c.init.kind == "hf":
-        config = models.QwenConfig.from_hf(_required(c.init.path, "init.path"), **runtime)
-    else:
-        config = models.QwenConfig.preset(c.model.preset, **runtime)
-    if c.model.vocab_size == 0:  # the tokenizer's size, rounded up for even sharding
-        return config.replace(vocab_size=-(-len(tokenizer) // 128) * 128)
-    return config.replace(vocab_size=c.model.vocab_size) if c.model.vocab_size > 0 else config
-
-
 def _required(value: str, name: str) -> str:
     if not value:
         raise ValueError(f"config.{name} is required for this config")
@@ -64,12 +48,12 @@ def _required(value: str, name: str) -> str:
 
 def build(c, *, run_dir: str | None = None) -> Built:
     """Validates `c` and converts it into dataclasses (loads only the tokenizer)."""
-    if c.init.kind not in ("random", "hf", "orbax") or c.data.harness_mode not in _MODES:
-        raise ValueError(
-            f"config: init.kind={c.init.kind!r}, data.harness_mode={c.data.harness_mode!r}"
-        )
-    tokenizer_dir = c.data.tokenizer_dir or (c.init.path if c.init.kind == "hf" else None)
-    model = _model_config(c, load_tokenizer(tokenizer_dir))
+    _common.check_kind(c.init.kind, "init")
+    if c.data.harness_mode not in _MODES:
+        raise ValueError(f"config.data.harness_mode={c.data.harness_mode!r}: one of {list(_MODES)}")
+    tokenizer_dir = _common.tokenizer_dir(c, "init")
+    init = (c.init.kind, c.init.path)
+    model = _common.model_config(c.model, init, load_tokenizer(tokenizer_dir))
     t = c.trainer
     hsa = data.OnlineHSAConfig(probability=c.data.online_hsa_probability)
     pipeline = dict(sources=(c.data.corpus or "<unset>",), seq_len=t.seq_len, seed=t.seed,
@@ -90,7 +74,7 @@ def build(c, *, run_dir: str | None = None) -> Built:
         model=model,
         data=data.PipelineConfig(split=c.data.split, online_hsa=hsa, **pipeline),
         eval_data=evaluation,
-        init=(c.init.kind, c.init.path),
+        init=init,
         run_dir=pathlib.Path(run_dir or c.run_dir),
     )
 
@@ -112,36 +96,8 @@ def _check_corpus(c, built: Built) -> None:
         raise ValueError("the Fixed-Harness ablation needs data.online_hsa_probability=0")
 
 
-def _to_shards(host, abstract):
-    """One host array placed into `abstract`'s sharding; each device copies only its shard."""
-    host = np.asarray(host)
-    return jax.make_array_from_callback(abstract.shape, abstract.sharding, lambda i: host[i])
-
-
-def _init_params(kind: str, path: str, model: models.QwenConfig):
-    """`abstract params -> params` for the configured start, or None for random init."""
-    if kind == "orbax":
-        return lambda abstract: restore_params(path, target=abstract)[0]
-    if kind != "hf":
-        return None
-    from serve.convert import load_hf
-
-    def from_hf(abstract):  # read tensor by tensor on the host, then straight into shards
-        with jax.default_device(jax.devices("cpu")[0]):
-            _, loaded = load_hf(path, dtype=model.param_dtype, compute_dtype=model.dtype,
-                                moe_dispatch=model.moe_dispatch, remat=model.remat)  # fmt: skip
-        return jax.tree.map(_to_shards, nnx.state(loaded, nnx.Param), abstract)
-
-    return from_hf
-
-
 def run(c, *, run_dir: str | None = None, mesh=None) -> train.SFTResult:
     """Runs (or resumes) the SFT stage described by config `c` (`mesh` overrides its mesh)."""
-    from flax import nnx
-
-    import data
-    import models
-
     built = build(c, run_dir=run_dir)
     _check_corpus(c, built)
     seed = built.sft.trainer.seed
@@ -150,7 +106,7 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> train.SFTResult:
         model_fn=lambda: models.Qwen(built.model, rngs=nnx.Rngs(seed)),
         data=data.sft_data(built.data),
         run_dir=built.run_dir,
-        init_params=_init_params(*built.init, built.model),
+        init_params=_common.init_source(built.init, built.model, name="init"),
         eval_data=(lambda: data.sft_data(built.eval_data)) if built.eval_data else None,
         run_config=c.to_dict(),
         model_config=built.model.to_dict(),
@@ -173,13 +129,9 @@ def summary(result: train.SFTResult) -> list[str]:
 
 def main(argv):
     del argv
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    sharding.initialize_distributed()
-    host_memory.retain_freed_memory()  # CPU: no page faults re-touching each step's buffers
-    result = run(_CONFIG.value, run_dir=_RUN_DIR.value)
-    if jax.process_index() == 0:
-        print("\n".join(f"sft: {line}" for line in summary(result)))
+    _common.run_main("sft", run, summary, _FLAGS)
 
 
 if __name__ == "__main__":
+    _FLAGS.update(_common.define_flags("configs/sft_demo.py"))
     app.run(main)

@@ -1,8 +1,9 @@
-"""Serving: HF <-> Orbax conversion, SGLang launch, a local OpenAI-compatible server and the
-deployment replay benchmark. Never imported by training code.
+"""Serving: HF <-> Orbax conversion (planned: the SGLang launch, a local OpenAI-compatible
+server and the deployment replay benchmark). Never imported by training code.
 
-Conversion (`serve.convert`): `load_hf`, `save_hf`, `read_hf_tensors`, `HFCheckpointError`;
-the MTP draft head: `load_mtp`, `has_mtp`, `restore_mtp`;
+Conversion (`serve.convert`): `load_hf`, `save_hf`, `to_hf` (an Orbax checkpoint to an HF
+directory), `read_hf_tensors`, `HFCheckpointError`; the MTP draft head: `load_mtp`, `has_mtp`,
+`restore_mtp`;
 CLI `python -m serve.convert from-hf|to-hf`. Imported lazily, so `python -m serve.convert`
 does not load the module twice.
 """
@@ -15,6 +16,7 @@ _CONVERT = (
     "read_hf_tensors",
     "restore_mtp",
     "save_hf",
+    "to_hf",
 )
 
 __all__ = list(_CONVERT)

@@ -605,22 +605,34 @@ def _from_hf(args: argparse.Namespace) -> None:
     print(f"wrote {args.out} ({config.family}, {config.num_layers} layers{head})")
 
 
-def _to_hf(args: argparse.Namespace) -> None:
+def to_hf(
+    checkpoint: os.PathLike | str,
+    out_dir: os.PathLike | str,
+    *,
+    mtp: os.PathLike | str | None = None,
+    **save: Any,
+) -> pathlib.Path:
+    """An Orbax parameter checkpoint (a `save_params` directory, a training step directory or a
+    run's `checkpoints/`) as an HF directory; `mtp`: a head checkpoint to export with it.
+    `save`: `save_hf`'s keyword arguments (tokenizer_dir, dtype, layout, expert_layout)."""
     from hat_jax.checkpoint import read_model_config, restore_params
 
-    config = _config_from_checkpoint(read_model_config(args.checkpoint))
+    config = _config_from_checkpoint(read_model_config(checkpoint))
     graphdef, abstract_state = nnx.split(abstract_model(config))
-    state, _ = restore_params(args.checkpoint, target=abstract_state)
-    model = nnx.merge(graphdef, state)
+    state, _ = restore_params(checkpoint, target=abstract_state)
+    head = restore_mtp(mtp, config) if mtp else None
+    return save_hf(nnx.merge(graphdef, state), config, out_dir, mtp=head, **save)
+
+
+def _to_hf(args: argparse.Namespace) -> None:
     mtp_dir = args.mtp
     beside = pathlib.Path(args.checkpoint) / MTP_DIR
     if mtp_dir is None and beside.is_dir() and not args.no_mtp:
         mtp_dir = str(beside)
     if mtp_dir and args.no_mtp:
         raise SystemExit("to-hf: --mtp and --no_mtp exclude each other")
-    mtp = restore_mtp(mtp_dir, config) if mtp_dir else None
-    save_hf(model, config, args.out, tokenizer_dir=args.tokenizer_dir, dtype=args.dtype,
-            layout=args.layout, expert_layout=args.expert_layout, mtp=mtp)  # fmt: skip
+    to_hf(args.checkpoint, args.out, mtp=mtp_dir, tokenizer_dir=args.tokenizer_dir,
+          dtype=args.dtype, layout=args.layout, expert_layout=args.expert_layout)  # fmt: skip
     print(f"wrote {args.out}" + (f" (MTP head from {mtp_dir})" if mtp_dir else ""))
 
 
