@@ -16,8 +16,9 @@ Public API:
         corpus_scenario_ids, CorpusStats, CorpusOutcome
     Record sources: open_source, JsonlSource
     General instructions for OPD (`data._instructions`):
-        Instruction, load_instructions, parse_instruction, check_constraints,
-        CONSTRAINT_TYPES, DEMO_INSTRUCTIONS
+        Instruction, load_instructions, parse_instruction, check_constraints, pass_rates,
+        prompt_hash, check_disjoint, read_prompt_records, CONSTRAINT_TYPES,
+        DEMO_INSTRUCTIONS
     The Grain pipelines (`data.pipeline`):
         PipelineConfig, OnlineHSAConfig, BATCH_KEYS, sft_data, build_sft_dataset,
         make_augmenter, HsaAugmenter, opd_prompt_data, DataIterator, pad_id
@@ -44,8 +45,12 @@ from data._instructions import (
     DEMO_INSTRUCTIONS,
     Instruction,
     check_constraints,
+    check_disjoint,
     load_instructions,
     parse_instruction,
+    pass_rates,
+    prompt_hash,
+    read_prompt_records,
 )
 from data._iterator import DataIterator
 from data._records import SCHEMA as CORPUS_SCHEMA
@@ -93,11 +98,15 @@ __all__ = [
     "RerenderError",
     "build_sft_dataset",
     "check_constraints",
+    "check_disjoint",
     "clean_retries",
     "corpus_record",
     "decode_record",
     "has_retries",
     "load_instructions",
+    "pass_rates",
+    "prompt_hash",
+    "read_prompt_records",
     "loaded_skills",
     "make_augmenter",
     "mark_retries",

@@ -10,12 +10,18 @@ pulls it toward the pre-SFT base model. This module provides those prompts:
   as the reference. Malformed lines are counted and skipped with their line numbers logged.
 - `check_constraints(response, constraints)`: verifies IFEval-style constraints
   (`{"type": "max_words", "value": 60}`, ...) on a response, one bool per constraint, so the
-  demo can measure instruction following before and after each stage.
+  demo can measure instruction following before and after each stage; `loose=True` applies
+  IFEval's loose criterion (a constraint holds if it holds for any of the response's
+  variants without its first line, its last line, both, and/or its `*` characters), and
+  `pass_rates` gives IFEval's four figures (prompt- and instruction-level, strict and loose).
+- `prompt_hash` / `check_disjoint`: training prompts never overlap evaluation prompts (the
+  bundled held-out instructions, or a local IFEval file), checked by hash.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -123,11 +129,115 @@ def validate_constraint(constraint: Any) -> Mapping[str, Any]:
     return constraint
 
 
-def check_constraints(response: str, constraints: Sequence[Mapping[str, Any]]) -> list[bool]:
-    """Whether `response` satisfies each constraint (in order)."""
+def loose_variants(response: str) -> list[str]:
+    """IFEval's loose variants of a response: as is, without its first line, its last line or
+    both, each also without `*` characters (markdown emphasis); empty ones dropped."""
+    lines = response.split("\n")
+    cut = [response, "\n".join(lines[1:]), "\n".join(lines[:-1]), "\n".join(lines[1:-1])]
+    out = []
+    for text in cut + [c.replace("*", "") for c in cut]:
+        text = text.strip()
+        if text and text not in out:
+            out.append(text)
+    return out
+
+
+def check_constraints(
+    response: str, constraints: Sequence[Mapping[str, Any]], *, loose: bool = False
+) -> list[bool]:
+    """Whether `response` satisfies each constraint (in order); `loose`: whether any of its
+    `loose_variants` does."""
+    variants = loose_variants(response) if loose else [response]
     return [
-        bool(CONSTRAINT_TYPES[validate_constraint(c)["type"]][0](response, c)) for c in constraints
+        any(bool(CONSTRAINT_TYPES[validate_constraint(c)["type"]][0](r, c)) for r in variants)
+        for c in constraints
     ]
+
+
+def pass_rates(
+    responses: Sequence[str], constraints: Sequence[Sequence[Mapping[str, Any]]]
+) -> dict[str, float]:
+    """IFEval's figures over responses to prompts with constraints (prompts without any are
+    left out): `prompt_strict` / `prompt_loose` (share of prompts whose every constraint
+    holds), `instruction_strict` / `instruction_loose` (share of all constraints that hold),
+    and `prompts` / `instructions` (the counts)."""
+    if len(responses) != len(constraints):
+        raise ValueError(f"pass_rates: {len(responses)} responses, {len(constraints)} prompts")
+    out: dict[str, float] = {}
+    pairs = [(r, c) for r, c in zip(responses, constraints) if c]
+    for mode in ("strict", "loose"):
+        checks = [check_constraints(r, c, loose=mode == "loose") for r, c in pairs]
+        held = sum(sum(c) for c in checks)
+        total = sum(len(c) for c in checks)
+        out[f"prompt_{mode}"] = sum(all(c) for c in checks) / max(len(checks), 1)
+        out[f"instruction_{mode}"] = held / max(total, 1)
+    out["prompts"] = float(len(pairs))
+    out["instructions"] = float(sum(len(c) for _, c in pairs))
+    return out
+
+
+def prompt_text(record: Mapping[str, Any] | Instruction) -> str:
+    """The user-visible text of a prompt: its messages' contents (an `Instruction` or a
+    Tulu-3 `messages` record), or an IFEval record's `prompt`; whitespace normalised."""
+    if isinstance(record, Instruction):
+        messages = record.messages
+    elif "messages" in record:
+        messages = record["messages"]
+    elif isinstance(record.get("prompt"), str):
+        messages = [{"role": "user", "content": record["prompt"]}]
+    else:
+        raise ValueError(f"a prompt record needs 'messages' or 'prompt', got keys {sorted(record)}")
+    text = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") != "assistant")
+    return " ".join(text.split())
+
+
+def prompt_hash(record: Mapping[str, Any] | Instruction) -> str:
+    """A hash of `prompt_text`: equal for the same prompt from any of the formats."""
+    return hashlib.sha256(prompt_text(record).encode("utf-8")).hexdigest()
+
+
+def read_prompt_records(path: os.PathLike | str) -> list[dict[str, Any]]:
+    """The records of a local JSONL prompt file (Tulu-3 `messages` or IFEval `prompt`).
+
+    Raises:
+      FileNotFoundError: the file does not exist. ValueError: a line is not a JSON object
+      with a prompt (the line is named), or the file has none.
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                prompt_text(record)
+            except (ValueError, AttributeError, TypeError) as err:
+                raise ValueError(f"{path}:{n}: not a prompt record ({err})") from err
+            records.append(record)
+    if not records:
+        raise ValueError(f"prompt file {path} is empty")
+    return records
+
+
+def check_disjoint(
+    train: Sequence[Mapping[str, Any] | Instruction],
+    evaluation: Sequence[Mapping[str, Any] | Instruction],
+    *,
+    what: str = "evaluation",
+) -> None:
+    """Raises ValueError naming the overlap if any training prompt is an evaluation prompt
+    (same `prompt_hash`)."""
+    held = {prompt_hash(r) for r in evaluation}
+    clash = [r for r in train if prompt_hash(r) in held]
+    if clash:
+        names = [getattr(r, "id", None) or r.get("id") or r.get("key") for r in clash[:5]]
+        raise ValueError(
+            f"{len(clash)} training prompt(s) are also {what} prompts (e.g. {names}); "
+            "remove them from the training set"
+        )
 
 
 def parse_instruction(record: Mapping[str, Any], default_id: str) -> Instruction:

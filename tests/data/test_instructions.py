@@ -135,3 +135,52 @@ def test_opd_prompts_too_long_are_dropped_and_counted(tokenizer):
     seen = [int(b["index"][0]) for b in it]
     assert sorted(seen) == [k for k, n in enumerate(lengths) if n <= limit]
     assert it.stats()["too_long"] == sum(n > limit for n in lengths)
+
+
+def test_loose_checks_forgive_a_preamble_a_sign_off_and_markdown_emphasis():
+    starts = {"type": "start_with", "phrase": "Dear"}
+    response = "Sure, here it is:\nDear friend, thanks.\nHope this helps!"
+    assert data.check_constraints(response, [starts]) == [False]
+    assert data.check_constraints(response, [starts], loose=True) == [True]
+    lower = {"type": "all_lowercase"}
+    assert data.check_constraints("**hello** there", [lower], loose=True) == [True]
+    never = {"type": "include_keywords", "keywords": ["tea"]}
+    assert data.check_constraints("coffee\nmore coffee", [never], loose=True) == [False]
+
+
+def test_pass_rates_are_ifeval_prompt_and_instruction_level_strict_and_loose():
+    words = {"type": "max_words", "value": 3}
+    commas = {"type": "no_commas"}
+    ends = {"type": "end_with", "phrase": "bye"}
+    responses = ["one two", "one, two", "ok bye\n(signed)", "anything"]
+    constraints = [[words, commas], [words, commas], [ends], []]  # the last: no constraint
+    rates = data.pass_rates(responses, constraints)
+    # strict: prompt 1 passes both, prompt 2 one of two, prompt 3 fails (its last line).
+    assert rates["prompts"] == 3 and rates["instructions"] == 5
+    assert rates["prompt_strict"] == pytest.approx(1 / 3)
+    assert rates["instruction_strict"] == pytest.approx(3 / 5)
+    # loose: without its last line prompt 3 ends with "bye".
+    assert rates["prompt_loose"] == pytest.approx(2 / 3)
+    assert rates["instruction_loose"] == pytest.approx(4 / 5)
+    with pytest.raises(ValueError, match="2 responses, 1 prompts"):
+        data.pass_rates(["a", "b"], [[words]])
+
+
+def test_prompt_hashes_match_across_formats_and_overlap_is_refused(tmp_path):
+    instruction = data.load_instructions()[0]
+    text = instruction.messages[-1]["content"]
+    ifeval = {"key": 7, "prompt": "  " + text.replace(" ", "  ") + "\n"}
+    tulu = {"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "x"}]}
+    assert data.prompt_hash(instruction) == data.prompt_hash(ifeval) == data.prompt_hash(tulu)
+    with pytest.raises(ValueError, match=r"1 training prompt\(s\) are also IFEval prompts.*7"):
+        data.check_disjoint([{"key": 7, **ifeval}], [instruction], what="IFEval")
+    data.check_disjoint(data.load_instructions()[1:3], [instruction])
+    path = tmp_path / "ifeval.jsonl"
+    path.write_text(json.dumps(ifeval) + "\n\n" + json.dumps(tulu) + "\n")
+    assert len(data.read_prompt_records(path)) == 2
+    path.write_text(json.dumps(ifeval) + "\n[1, 2]\n")
+    with pytest.raises(ValueError, match="ifeval.jsonl:2: not a prompt record"):
+        data.read_prompt_records(path)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        data.read_prompt_records(tmp_path / "empty.jsonl")
