@@ -1,6 +1,13 @@
 """Reinforcement learning and distillation: live-room simulator, rewards, advantage and loss
 math (pure functions), on-policy distillation and rollouts. Holds no mesh axis names.
 
+General OPD (`rl._opd_stage`, `_opd_loss`, `_opd_sampling`): `run_opd(OPDConfig(...),
+student_config=, teacher_config=, run_dir=, prompts=, heldout=, tokenizer=, init_student=,
+init_teacher=) -> OPDResult` (the student samples with its current weights, the frozen base
+scores the same tokens, exact reverse KL; held-out KL and instruction pass rates
+before/after), `opd_driver`, `opd_loss`, `OPDSource`, `StudentSampler`. CLI:
+`python -m launch.opd`.
+
 MTP draft-head adaptation (`rl._mtp_stage`, `rl._mtp_rollouts`): `run_mtp(MTPConfig(...),
 model_config=, run_dir=, prompts=, eval_prompts=, init_policy=, init_head=) -> MTPResult`
 (policy frozen, head trained on the policy's own rollouts; before/after loss, acceptance and
@@ -16,6 +23,10 @@ from rl._jax_policy import JaxPolicy
 from rl._mtp_rollouts import RolloutConfig, RolloutPool, generate_rollouts, prompts_from_rows
 from rl._mtp_stage import RANDOM as MTP_RANDOM
 from rl._mtp_stage import Drafter, MTPConfig, MTPResult, mtp_stage_loss, run_mtp
+from rl._opd_loss import ESTIMATORS as OPD_ESTIMATORS
+from rl._opd_loss import opd_loss
+from rl._opd_sampling import OPDSource, StudentSampler
+from rl._opd_stage import OPDConfig, OPDResult, opd_driver, run_opd
 from rl.advantages import (
     REPLY,
     REWARD_DIMS,
@@ -82,6 +93,15 @@ __all__ = [
     "reverse_kl",
     "sampled_reverse_kl_loss",
     "token_reverse_kl",
+    # General OPD stage
+    "OPD_ESTIMATORS",
+    "OPDConfig",
+    "OPDResult",
+    "OPDSource",
+    "StudentSampler",
+    "opd_driver",
+    "opd_loss",
+    "run_opd",
     # MTP draft-head adaptation stage
     "MTP_RANDOM",
     "Drafter",
