@@ -1,8 +1,14 @@
-"""Per-device memory plan of an SFT config's train step on a simulated cluster.
+"""Per-device memory plan of a stage config's train step on a simulated cluster.
 
   python -m launch.plan --config=configs/sft_qwen3_6_35b_a3b.py
   python -m launch.plan --config=configs/sft_qwen3_6_35b_a3b.py --setups=8x96,16x80 \
       --layouts=fsdp,fsdp_bf16,expert8 --out=runs/plan.md
+  python -m launch.plan --config=configs/opd_qwen3_6_35b_a3b.py     # + teacher + sampling
+
+An SFT config plans the policy's train step. An OPD config plans the student's train step
+with the frozen teacher on the same mesh (its weights in its own dtype, no gradients or
+optimiser state), and the sampling phase between steps: the whole train state resident plus
+the sampler's caches and temporaries for a step's prompts; the peak is the larger of the two.
 
 For each setup (`<devices>x<GiB per device>`) and layout, the train step is compiled for
 that many simulated CPU devices with abstract arrays (nothing is allocated) and XLA's memory
@@ -24,6 +30,7 @@ Layouts: fsdp (every device shards everything), expertN (experts over N devices,
 FSDP), fsdp_bf16 / expertN_bf16 (parameters and AdamW moments in bfloat16).
 """
 
+import dataclasses
 import os
 
 from absl import app, flags
@@ -58,31 +65,53 @@ def _layout(name: str, devices: int):
 
 
 def _plan(c, devices: int, layout: str):
+    import tempfile
+
     import jax
     from flax import nnx
 
     import models
+    from data.tokenizer import load_tokenizer
     from hat_jax import train
+    from hat_jax.sharding import make_mesh
+    from launch import _common
 
-    mesh, param_dtype = _layout(layout, devices)
-    runtime = {k: v for k, v in c.model.to_dict().items() if k not in ("preset", "vocab_size")}
-    runtime |= dict(moe_dispatch=_DISPATCH.value, param_dtype=param_dtype or c.model.param_dtype)
-    model = models.QwenConfig.preset(c.model.preset, **runtime)
-    if c.model.vocab_size > 0:
-        model = model.replace(vocab_size=c.model.vocab_size)
+    mesh_config, param_dtype = _layout(layout, devices)
+    mesh = make_mesh(mesh_config, devices=jax.devices()[:devices])
+    block = c.model.copy_and_resolve_references()
+    block.update(dict(moe_dispatch=_DISPATCH.value, param_dtype=param_dtype or block.param_dtype))
+    source = c.init if c.stage == "sft" else c.policy
+    tokenizer = load_tokenizer(c.data.get("tokenizer_dir") or None)
+    model = _common.model_config(block, (source.kind, source.path), tokenizer)
     micro = max(c.trainer.batch_size // devices, 1)
-    trainer = dict(c.trainer.to_dict(), batch_size=devices * micro, micro_batches=micro)
-    config = train.SFTConfig(
-        trainer=train.TrainerConfig.from_dict(trainer),
-        optimizer=train.OptimizerConfig.from_dict(c.optimizer.to_dict()),
-        mesh=mesh,
-        aux_loss_coef=max(c.aux_loss_coef, 0.0),
-        logits_chunk=c.get("logits_chunk", 0),
+    trainer = train.TrainerConfig.from_dict(
+        dict(c.trainer.to_dict(), batch_size=devices * micro, micro_batches=micro)
     )
-    plan = train.plan_sft_step(
-        config, lambda: models.Qwen(model, rngs=nnx.Rngs(0)), devices=jax.devices()[:devices]
-    )
-    return plan, model
+    optimizer = train.OptimizerConfig.from_dict(c.optimizer.to_dict())
+    scratch = tempfile.mkdtemp(prefix="plan-")
+    if c.stage == "sft":
+        config = train.SFTConfig(trainer=trainer, optimizer=optimizer, mesh=mesh_config,
+                                 aux_loss_coef=max(c.aux_loss_coef, 0.0),
+                                 logits_chunk=c.get("logits_chunk", 0))  # fmt: skip
+        driver = train.sft_driver(config, model_fn=lambda: models.Qwen(model, rngs=nnx.Rngs(0)),
+                                  run_dir=scratch, mesh=mesh)  # fmt: skip
+        return train.plan_stage_step(driver), model
+    if c.stage != "opd":
+        raise ValueError(f"config.stage={c.stage!r}: plans cover 'sft' and 'opd' configs")
+    import rl
+    from launch import opd
+
+    teacher_block = opd._teacher_block(c)
+    teacher_block.moe_dispatch = _DISPATCH.value
+    teacher = _common.model_config(teacher_block, (c.teacher.kind, c.teacher.path), tokenizer)
+    built = opd.build(c)
+    config = dataclasses.replace(built.opd, trainer=trainer, optimizer=optimizer, mesh=mesh_config)
+    driver = rl.opd_driver(config, student_config=model, teacher_config=teacher,
+                           run_dir=scratch, mesh=mesh)  # fmt: skip
+    sampler = lambda module: models.Sampler(  # noqa: E731
+        module.policy, decode_overrides=config.decode_overrides()
+    ).lower(c.trainer.batch_size, config.max_prompt_len, config.max_new_tokens)
+    return train.plan_stage_step(driver, sampler=sampler), model
 
 
 def main(argv):
@@ -100,8 +129,8 @@ def main(argv):
     rows = [
         "| devices x HBM | layout (data, fsdp, expert, tensor) | params | tokens/device/micro | "
         "micro | state GiB | arguments GiB | outputs GiB (aliased) | temporaries GiB | "
-        "peak GiB | fits | largest buffer | compile s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "peak GiB | fits | largest buffer | compile s | sampling peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for devices, hbm in setups:
         for layout in _LAYOUTS.value:
@@ -116,7 +145,8 @@ def main(argv):
                 f"{plan.state_bytes / GIB:.1f} | {plan.arguments / GIB:.1f} | "
                 f"{plan.outputs / GIB:.1f} ({plan.aliased / GIB:.1f}) | "
                 f"{plan.temporaries / GIB:.1f} | {plan.peak / GIB:.1f} | "
-                f"{'yes' if plan.fits(hbm * 1e9) else 'no'} | {big} | {plan.compile_seconds:.0f} |"
+                f"{'yes' if plan.fits(hbm * 1e9) else 'no'} | {big} | {plan.compile_seconds:.0f} | "
+                f"{plan.sampling_peak / GIB:.1f} |"
             )
             print(rows[-1], flush=True)
     table = "\n".join(rows)

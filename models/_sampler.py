@@ -295,6 +295,28 @@ class Sampler:
         counts = None if state.draft is None else (state.draft.accepted, state.draft.verified)
         return self._output(prompts, *jax.device_get((state.out, counts)))
 
+    def lower(
+        self,
+        batch: int,
+        prompt_len: int,
+        max_new_tokens: int,
+        sampling: Sampling = DEFAULT_SAMPLING,
+    ) -> jax.stages.Lowered:
+        """The program a call with `batch` prompts of `prompt_len` tokens and `max_new_tokens`
+        compiles, lowered without running (the sampler's weights may be abstract, e.g. sharded
+        `jax.ShapeDtypeStruct`s: a memory plan of the sampling phase)."""
+        prompts = [np.zeros(prompt_len, np.int32)] * batch
+        req, gen_slots = self._request(prompts, [max_new_tokens] * batch, [sampling] * batch, [])
+        return self._compiled.lower(
+            self._graphs,
+            self._states,
+            req,
+            jax.random.key(0),
+            strategy=strategy_for([sampling]),
+            gen_slots=gen_slots,
+            num_draft_tokens=self.num_draft_tokens,
+        )
+
     def _output(self, prompts, out: loop.Buffers, counts) -> SampleOutput:
         batch = len(prompts)
         lengths = np.asarray(out.length[:batch])

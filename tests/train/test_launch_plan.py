@@ -40,3 +40,21 @@ def test_plan_table_for_the_demo_config(tmp_path):
 def test_plan_rejects_an_unknown_layout(tmp_path):
     proc, _ = _plan(tmp_path, "--setups=2x1", "--layouts=zigzag")
     assert proc.returncode != 0 and "unknown layout 'zigzag'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_plan_of_an_opd_config_adds_the_teacher_and_the_sampling_phase(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    out = tmp_path / "plan.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.plan", "--config=configs/opd_demo.py:random",
+         "--setups=2x1", "--layouts=fsdp", f"--out={out}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = out.read_text()
+    assert "sampling peak GiB" in table.splitlines()[0]
+    row = next(r for r in table.splitlines() if r.startswith("| 2 x 1 GB"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 14 and cells[10] == "yes"  # the bytes: tests/rl/test_opd_stage.py
