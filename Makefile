@@ -23,6 +23,7 @@ test: $(STAMP)
 	$(FAKE_DEVICES) $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -c requirements.lock -e ".[bench]"
 	$(PY) -m bench
 
 lint: $(STAMP)
