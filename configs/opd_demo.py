@@ -61,6 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             top_k=0,
             top_p=1.0,
             decode_moe_dispatch="dense",  # per-token decode steps of a tiny CPU model
+            sample_chunk=0,  # prompts per sampler call (0: the step's whole batch)
         )
     )
     c.estimator = "exact"  # or "sampled": the sampled-token estimator

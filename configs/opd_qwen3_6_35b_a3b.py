@@ -9,7 +9,12 @@ The student trains in float32 master weights with bfloat16 compute; the teacher 
 checkpoint) sits on the same mesh, inference only, in bfloat16. Prompts are a local Tulu-3
 JSONL (a `messages` list per line); the IFEval prompts in `data.ifeval` are refused if any
 appear in it. Both models compute their logits 1K positions at a time (no [T, 248K] logits).
-The memory plan: `python -m launch.plan --config=configs/opd_qwen3_6_35b_a3b.py`.
+
+The memory plan (`python -m launch.plan --config=configs/opd_qwen3_6_35b_a3b.py
+--setups=8x96,16x80 --layouts=fsdp,fsdp_bf16`; per device, train step / sampling phase):
+16 x 80 GB fits with float32 master weights (56 / 47 GiB); 8 x 96 GB does not (100 GiB for
+the step: 57 GiB of state, the bf16 teacher included), so there keep the student's
+parameters and moments in bfloat16 (`--config.model.param_dtype=bfloat16`: 69 / 52 GiB).
 """
 
 import ml_collections
@@ -45,6 +50,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sampling.max_new_tokens = 2048
     c.sampling.top_p = 1.0
     c.sampling.decode_moe_dispatch = ""  # the model's ragged dispatch
+    # 64 prompts x 4K tokens of caches at once do not fit beside the train state on 8 x 96 GB
+    # (launch.plan): sample 16 at a time.
+    c.sampling.sample_chunk = 16
     c.logits_chunk = 1024
     c.aux_loss_coef = -1.0
     c.eval.max_prompts = 256

@@ -110,7 +110,8 @@ def _plan(c, devices: int, layout: str):
                            run_dir=scratch, mesh=mesh)  # fmt: skip
     sampler = lambda module: models.Sampler(  # noqa: E731
         module.policy, decode_overrides=config.decode_overrides()
-    ).lower(c.trainer.batch_size, config.max_prompt_len, config.max_new_tokens)
+    ).lower(config.sample_chunk or c.trainer.batch_size, config.max_prompt_len,
+            config.max_new_tokens)  # fmt: skip
     return train.plan_stage_step(driver, sampler=sampler), model
 
 

@@ -23,11 +23,14 @@ ROW_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
 
 class StudentSampler:
     """`models.Sampler` over the student's current weights: built on first use, then given
-    each step's weights with `update` (no recompilation)."""
+    each step's weights with `update` (no recompilation). With `chunk` > 0 a call samples
+    that many prompts at a time (the caches of a whole step's batch may not fit beside the
+    train state; see `launch.plan`)."""
 
-    def __init__(self, *, pad_id: int, stop_tokens: Sequence[int], decode_overrides=None):
+    def __init__(self, *, pad_id: int, stop_tokens: Sequence[int], decode_overrides=None,
+                 chunk: int = 0):  # fmt: skip
         self.pad_id, self.stop_tokens = pad_id, tuple(stop_tokens)
-        self.decode_overrides = decode_overrides
+        self.decode_overrides, self.chunk = decode_overrides, chunk
         self.sampler: models.Sampler | None = None
 
     def __call__(self, policy: models.Qwen, prompts, *, max_new_tokens, sampling, seed):
@@ -37,8 +40,23 @@ class StudentSampler:
             )
         else:
             self.sampler.update(model=policy)
-        return self.sampler(prompts, max_new_tokens=max_new_tokens, sampling=sampling,
-                            stop_tokens=self.stop_tokens, seed=seed)  # fmt: skip
+        size = self.chunk or len(prompts)
+        outs = []
+        for i, start in enumerate(range(0, len(prompts), size)):
+            key = seed if size >= len(prompts) else jax.random.fold_in(seed, i)
+            outs.append(self.sampler(prompts[start : start + size], max_new_tokens=max_new_tokens,
+                                     sampling=sampling, stop_tokens=self.stop_tokens, seed=key))  # fmt: skip
+        return outs[0] if len(outs) == 1 else _concatenate(outs)
+
+
+def _concatenate(outs: Sequence[models.SampleOutput]) -> models.SampleOutput:
+    """One `SampleOutput` of several calls' rows, in order."""
+    cat = lambda name: np.concatenate([getattr(o, name) for o in outs])  # noqa: E731
+    return models.SampleOutput(
+        prompts=sum((o.prompts for o in outs), ()), tokens=cat("tokens"), lengths=cat("lengths"),
+        logprobs=cat("logprobs"), policy_logprobs=cat("policy_logprobs"),
+        stopped=cat("stopped"), pad_id=outs[0].pad_id,
+    )  # fmt: skip
 
 
 def _prompt_lists(batch: Mapping[str, np.ndarray]) -> list[list[int]]:
@@ -86,6 +104,8 @@ class OPDSource:
             "response_length_max": float(lengths.max()),
             "stopped": float(np.mean(out.stopped)),
             "prompt_length": float(np.mean([len(p) for p in lists])),
+            # programs the sampler compiled so far: one per length bucket, never one per step
+            "sampler_programs": float(self.sampler.sampler.compilations),
         }
         if hasattr(self.prompts, "stats"):
             figures["dropped_prompts"] = float(self.prompts.stats().get("too_long", 0))

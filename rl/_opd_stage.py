@@ -77,6 +77,8 @@ class OPDConfig:
       aux_loss_coef: weight of the student's MoE load-balancing loss.
       enable_thinking: render prompts with the thinking header open.
       decode_moe_dispatch: MoE dispatch of the per-token decode steps ("" keeps the model's).
+      sample_chunk: prompts sampled per sampler call (0: the whole step's batch at once); a
+        smaller chunk holds smaller caches beside the train state.
       eval_temperature: sampling temperature of the held-out evaluation (0: greedy).
       eval_max_prompts: held-out prompts evaluated (0: all).
       eval_samples: responses written to `<run>/samples/` per evaluation.
@@ -95,6 +97,7 @@ class OPDConfig:
     aux_loss_coef: float = 0.0
     enable_thinking: bool = False
     decode_moe_dispatch: str = ""
+    sample_chunk: int = 0
     eval_temperature: float = 0.0
     eval_max_prompts: int = 0
     eval_samples: int = 4
@@ -106,6 +109,8 @@ class OPDConfig:
                if getattr(self, k) < 1}  # fmt: skip
         if bad:
             raise ValueError(f"OPDConfig: values must be >= 1: {bad}")
+        if self.sample_chunk < 0:
+            raise ValueError(f"OPDConfig: sample_chunk={self.sample_chunk} must be >= 0")
         if self.max_prompt_len + self.max_new_tokens > self.trainer.seq_len:
             raise ValueError(
                 f"OPDConfig: max_prompt_len {self.max_prompt_len} + max_new_tokens "
@@ -241,7 +246,8 @@ def run_opd(
                         teacher_seed=teacher_seed, run_config=run_config, mesh=mesh)  # fmt: skip
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     sampler = StudentSampler(pad_id=pad, stop_tokens=_stop_ids(tokenizer),
-                             decode_overrides=config.decode_overrides())  # fmt: skip
+                             decode_overrides=config.decode_overrides(),
+                             chunk=config.sample_chunk)  # fmt: skip
     source = OPDSource(prompts, sampler=sampler, config=config, seed=config.trainer.seed)
     evaluation = HeldOutEvaluation(driver, sampler, heldout, tokenizer, config, run_dir)
     resumed = driver.start(source, [evaluation])

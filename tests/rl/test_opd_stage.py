@@ -172,6 +172,9 @@ def test_a_perturbed_student_moves_toward_the_teacher(uninterrupted):
     for key in ("kl", "kl_per_response", "response_length", "sampling_seconds",
                 "data_seconds", "learn_seconds", "dropped_prompts"):  # fmt: skip
         assert all(key in r for r in steps), key
+    # New weights every step, the same compiled sampler: a program per prompt-length bucket
+    # (48, 64, 96 here) and sampling strategy (the greedy evaluation), not one per step.
+    assert max(r["sampler_programs"] for r in steps) <= 4 < len(steps)
     summary = json.loads(result.summary_path.read_text())
     assert summary["after"]["kl"] == after["kl"]
     table = (run_dir / "opd_summary.md").read_text()
@@ -239,3 +242,16 @@ def test_the_memory_plan_holds_the_teacher_and_the_sampling_phase(tmp_path):
     assert 4 * weights <= plan.state_bytes < 4 * weights + 4096
     assert plan.sampling_peak > plan.state_bytes and plan.peak >= plan.sampling_peak
     assert plan.step_peak > plan.state_bytes
+
+
+@pytest.mark.slow
+def test_sampling_in_chunks_gives_the_rows_of_one_call():
+    config = opd_check.model_config()
+    policy = models.Qwen(config, rngs=nnx.Rngs(0))
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    whole, chunked = (rl.StudentSampler(pad_id=0, stop_tokens=(), chunk=c) for c in (0, 3))
+    args = dict(max_new_tokens=6, sampling=models.GREEDY, seed=jax.random.key(0))
+    a, b = whole(policy, prompts, **args), chunked(policy, prompts, **args)
+    assert len(b.prompts) == 4 and b.tokens.shape == a.tokens.shape
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.policy_logprobs, b.policy_logprobs, rtol=1e-5, atol=1e-6)
