@@ -227,12 +227,6 @@ class StageDriver:
         self.config, self.run_dir = config, pathlib.Path(run_dir)
         self.mesh = mesh or make_mesh(config.mesh)
         tcfg = config.trainer
-        dp = data_parallel_size(self.mesh)
-        if (tcfg.batch_size // tcfg.micro_batches) % dp:
-            raise ValueError(
-                f"trainer.batch_size {tcfg.batch_size} / micro_batches {tcfg.micro_batches} is "
-                f"not divisible by the data-parallel size {dp} of mesh {dict(self.mesh.shape)}"
-            )
         self.specs: dict[str, ModelSpec] | ModelSpec = (
             models if isinstance(models, ModelSpec) else dict(models)
         )
@@ -340,6 +334,12 @@ class StageDriver:
         `trainer.eval_every` steps and at the last step. Returns the step resumed from, or
         None."""
         tcfg = self.config.trainer
+        dp = data_parallel_size(self.mesh)
+        if (tcfg.batch_size // tcfg.micro_batches) % dp:
+            raise ValueError(
+                f"trainer.batch_size {tcfg.batch_size} / micro_batches {tcfg.micro_batches} is "
+                f"not divisible by the data-parallel size {dp} of mesh {dict(self.mesh.shape)}"
+            )
         self.checkpoints = CheckpointManager(
             self.run_dir / CHECKPOINTS_DIR,
             keep=tcfg.keep_checkpoints,

@@ -200,6 +200,7 @@ def test_a_malformed_stage_is_refused_with_a_clear_error(tmp_path):
         train.StageDriver(_stage_config(), models=train.ModelSpec(build=build),
                           trainable=nnx.PathContains("nothing"), loss_fn=train.sft_loss,
                           run_dir=tmp_path)  # fmt: skip
+    driver = train.StageDriver(_stage_config(batch_size=6), models=train.ModelSpec(build=build),
+                               loss_fn=train.sft_loss, run_dir=tmp_path)  # fmt: skip
     with pytest.raises(ValueError, match="not divisible by the data-parallel size 4"):
-        train.StageDriver(_stage_config(batch_size=6), models=train.ModelSpec(build=build),
-                          loss_fn=train.sft_loss, run_dir=tmp_path)  # fmt: skip
+        driver.start(_source())
