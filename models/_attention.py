@@ -129,7 +129,9 @@ class Attention(nnx.Module):
                 q, k, v, q_slot=slots, k_slot=slots, q_doc=segments.doc, k_doc=segments.doc
             )
         else:
-            out, cache = _attend_cached(q, k, v, cache, fill)
+            flash = c.attention_impl == "flash" and x.shape[1] > c.attention_block_size
+            out, cache = _attend_cached(q, k, v, cache, fill,
+                                        flash_block=c.attention_block_size if flash else 0)  # fmt: skip
         if gate is not None:
             out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
         batch, length, heads, dim = out.shape
@@ -138,14 +140,25 @@ class Attention(nnx.Module):
         return y, cache
 
 
-def _attend_cached(q, k, v, cache: AttentionCache, fill: Fill):
-    """Writes k, v [B, T, KV, D] at slots `fill.start + t` and attends over the cache."""
+def _attend_cached(q, k, v, cache: AttentionCache, fill: Fill, *, flash_block: int = 0):
+    """Writes k, v [B, T, KV, D] at slots `fill.start + t` and attends over the cache.
+
+    Into an empty cache (a prefill) with `flash_block` > 0, the call's tokens attend among
+    themselves block-wise (`flash_attention`: no [T, T] scores, the same numbers): with
+    nothing cached before, that is all the cache would show them. Valid tokens come first in
+    each row, so causal order alone keeps them from the trailing padding.
+    """
     batch, length = q.shape[:2]
     slots = fill.start[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
     rows = jnp.arange(batch)[:, None]
     # Out-of-range slots (trailing padding past the end of the cache) are dropped.
     new_k = cache.k.at[rows, slots].set(k.astype(cache.k.dtype), mode="drop")
     new_v = cache.v.at[rows, slots].set(v.astype(cache.v.dtype), mode="drop")
+    if fill.empty and flash_block:
+        doc = jnp.zeros((batch, length), jnp.int32)
+        return flash_attention(q, k, v, doc=doc, block_size=flash_block), AttentionCache(
+            k=new_k, v=new_v
+        )
     size = new_k.shape[1]
     k_slot = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (batch, size))
     zeros_q = jnp.zeros((batch, length), jnp.int32)

@@ -65,10 +65,13 @@ class Cache:
         end: int32[B], tokens held per row (the next slot and default position).
         layers: one entry per position of the layer pattern (`AttentionCache` or
             `DeltaNetCache`), each stacked over the pattern's repeats.
+        empty: static: True for a cache straight from `init_cache` (nothing held yet), so a
+            first call (the prefill) may attend among its own tokens alone, block-wise.
     """
 
     end: jax.Array
     layers: tuple[AttentionCache | DeltaNetCache, ...]
+    empty: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
     def batch_size(self) -> int:
@@ -128,11 +131,13 @@ class Fill:
         start: int32[B], the row's `end` before the call (slot of the call's first token).
         count: int32[B], valid tokens in the call (they are tokens 0 .. count-1).
         valid: bool[B, T], `arange(T) < count`.
+        empty: static: the cache held nothing before the call (`Cache.empty`).
     """
 
     start: jax.Array
     count: jax.Array
     valid: jax.Array
+    empty: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 def conv_channels(config: QwenConfig) -> int:
@@ -203,7 +208,7 @@ def init_cache(config: QwenConfig, batch: int, max_length: int, *, rollback: int
         )
         for kind in config.block_pattern
     )
-    return Cache(end=jnp.zeros((batch,), jnp.int32), layers=layers)
+    return Cache(end=jnp.zeros((batch,), jnp.int32), layers=layers, empty=True)
 
 
 def cache_logical_axes(cache: Cache) -> Cache:
@@ -246,7 +251,7 @@ def plan_fill(
     if segment_ids is None:
         count = jnp.full((batch,), length, jnp.int32)
         valid = jnp.ones((batch, length), bool)
-        return Fill(start=cache.end, count=count, valid=valid), None
+        return Fill(start=cache.end, count=count, valid=valid, empty=cache.empty), None
     if segment_ids.shape != input_ids.shape:
         raise ValueError(
             f"segment_ids shape {segment_ids.shape} != input_ids shape {input_ids.shape}"
@@ -255,7 +260,7 @@ def plan_fill(
     count = jnp.sum(is_valid, axis=1, dtype=jnp.int32)
     lead = jnp.where(count > 0, jnp.argmax(is_valid, axis=1), 0).astype(jnp.int32)
     valid = jnp.arange(length)[None, :] < count[:, None]
-    return Fill(start=cache.end, count=count, valid=valid), lead
+    return Fill(start=cache.end, count=count, valid=valid, empty=cache.empty), lead
 
 
 def prepare_call(

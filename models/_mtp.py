@@ -99,7 +99,7 @@ class MTPHead(nnx.Module):
         layer = _cache.init_layer_cache(
             self.config, "full_attention", repeats=1, batch=batch, max_length=max_length
         )
-        return Cache(end=jnp.zeros((batch,), jnp.int32), layers=(layer,))
+        return Cache(end=jnp.zeros((batch,), jnp.int32), layers=(layer,), empty=True)
 
     def _inputs(self, hidden, next_input_ids, target: Qwen) -> jax.Array:
         dtype = P.to_dtype(self.config.dtype)

@@ -346,3 +346,22 @@ def test_speculative_sampling_logprobs_equal_the_forward_pass(speculative_setup)
             sampled = _reference_sampling_logp(logits[i, t - 1], rows[i])[token]
             assert abs(out.policy_logprobs[i, j] - policy) < LOGPROB_TOLERANCE, (i, j)
             assert abs(out.logprobs[i, j] - sampled) < LOGPROB_TOLERANCE, (i, j)
+
+
+@pytest.mark.slow
+def test_a_flash_prefill_equals_the_dense_one():
+    """With `attention_impl="flash"` the prefill of an empty cache attends block-wise among
+    the prompt's own tokens (no [T, T] scores): the same tokens, the same log-probs."""
+    config = QwenConfig.preset("tiny", vocab_size=512, dtype="float32", param_dtype="float32",
+                               moe_dispatch="dense", attention_block_size=64)  # fmt: skip
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 512, n).tolist() for n in (300, 41, 257)]
+    sampling = Sampling(temperature=1.0)
+    outs = {}
+    for impl in ("dense", "flash"):
+        model = Qwen(config.replace(attention_impl=impl), rngs=nnx.Rngs(0))
+        assert model.init_cache(2, 8).empty
+        outs[impl] = Sampler(model)(prompts, max_new_tokens=12, sampling=sampling, seed=3)
+    dense, flash = outs["dense"], outs["flash"]
+    np.testing.assert_array_equal(flash.tokens, dense.tokens)
+    np.testing.assert_allclose(flash.policy_logprobs, dense.policy_logprobs, atol=1e-5)
