@@ -199,7 +199,8 @@ class StageDriver:
       trainable: what trains among the non-frozen models' variables.
       eval_loss_fn: the loss the loss evaluations use (default `loss_fn`; e.g. one that also
         reports acceptance figures).
-      batch_keys: the keys of a batch (each `[rows, T]`, rows over the data-parallel axes).
+      batch_keys: the keys of a batch (each `[rows, T]`, rows over the data-parallel axes),
+        or a mapping of them to their dtypes (int32 by default).
       checkpoint_root: the model whose parameters checkpoints store at the root of their
         params item (e.g. "policy": then `restore_params` of any checkpoint of the stage is
         that model), when it is the only one that trains.
@@ -217,7 +218,7 @@ class StageDriver:
         run_dir: os.PathLike | str,
         trainable: Filter = nnx.Param,
         eval_loss_fn: LossFn | None = None,
-        batch_keys: Sequence[str] = BATCH_KEYS,
+        batch_keys: Sequence[str] | Mapping[str, Any] = BATCH_KEYS,
         checkpoint_root: str | None = None,
         run_config: Mapping[str, Any] | None = None,
         model_config: Mapping[str, Any] | None = None,
@@ -251,7 +252,12 @@ class StageDriver:
         )
         self.checkpoint_root = checkpoint_root
         self.checkpoints: CheckpointManager | None = None  # opened by `start`
-        self.batch_keys = tuple(batch_keys)
+        self.batch_dtypes = (
+            {k: jnp.dtype(v) for k, v in batch_keys.items()}
+            if isinstance(batch_keys, Mapping)
+            else dict.fromkeys(batch_keys, jnp.dtype(jnp.int32))
+        )
+        self.batch_keys = tuple(self.batch_dtypes)
         shardings = shardings_of(self.abstract)
         batch_shardings = batch_shardings_for(self.mesh, self.batch_keys)
         self.step_fn = make_train_step(
@@ -378,7 +384,7 @@ class StageDriver:
     def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
         """A global batch as sharded shape structs (e.g. to compile the step ahead of time)."""
         t, shardings = self.config.trainer, batch_shardings_for(self.mesh, self.batch_keys)
-        return {k: jax.ShapeDtypeStruct((t.batch_size, t.seq_len), jnp.int32,
+        return {k: jax.ShapeDtypeStruct((t.batch_size, t.seq_len), self.batch_dtypes[k],
                                         sharding=shardings[k]) for k in self.batch_keys}  # fmt: skip
 
     def loss_evaluation(

@@ -122,10 +122,11 @@ class _Window:
     """Running means of step metrics between two log records."""
 
     LAST = ("nonfinite_total",)  # counters: the latest value, not a mean
-    SKIP = ("nonfinite_streak",)
+    SKIP = ("nonfinite_streak", "loop_seconds")
 
     def __init__(self):
         self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
         self.last: dict[str, float] = {}
         self.count = 0
         self.start = time.perf_counter()
@@ -133,12 +134,19 @@ class _Window:
     def add(self, metrics: Mapping[str, float]) -> None:
         for k, v in metrics.items():
             self.sums[k] = self.sums.get(k, 0.0) + float(v)
+            self.counts[k] = self.counts.get(k, 0) + 1
             self.last[k] = float(v)
         self.count += 1
 
     def summary(self, tokens_per_step: int) -> dict[str, float]:
-        seconds = max(time.perf_counter() - self.start, 1e-9)
-        out = {k: v / self.count for k, v in self.sums.items() if k not in self.LAST + self.SKIP}
+        """Each metric's mean over the steps that reported it (an on-policy source reports
+        some figures only on a rollout's first step), counters' latest value, throughput."""
+        # The loop's own time per step where it was measured (the window is processed a step
+        # late, so its wall clock would miss or double-count the boundary steps).
+        seconds = self.sums.get("loop_seconds") or time.perf_counter() - self.start
+        seconds = max(seconds, 1e-9)
+        out = {k: v / self.counts[k] for k, v in self.sums.items()
+               if k not in self.LAST + self.SKIP}  # fmt: skip
         out |= {k: self.last[k] for k in self.LAST if k in self.last}
         out["steps_per_second"] = self.count / seconds
         out["tokens_per_second"] = self.count * tokens_per_step / seconds
@@ -362,6 +370,7 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         window, pending = _Window(), None
+        tick = time.perf_counter()
         try:
             while self.step < cfg.total_steps:
                 if self._stop_requested(self.step):
@@ -380,6 +389,8 @@ class Trainer:
                     # here, so sampling and learning are timed apart.
                     jax.block_until_ready(self.state.params)
                     extra["learn_seconds"] = time.perf_counter() - start
+                now = time.perf_counter()
+                extra["loop_seconds"], tick = now - tick, now
                 self.step += 1
                 if pending is not None:
                     window = self._process(*pending, window, progress)
@@ -388,8 +399,10 @@ class Trainer:
                 if due:  # hooks see the state, so log this step first: a checkpoint's
                     window = self._process(*pending, window, progress)  # metrics are on disk
                     pending = None
+                hooks_start = time.perf_counter()
                 for hook in due:
                     hook.fn(self, self.step, self.state)
+                tick += time.perf_counter() - hooks_start  # a step's time leaves its hooks out
             if pending is not None:
                 window = self._process(*pending, window, progress)
             self.save_checkpoint(self.step, self.state)
