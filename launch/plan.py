@@ -4,11 +4,15 @@
   python -m launch.plan --config=configs/sft_qwen3_6_35b_a3b.py --setups=8x96,16x80 \
       --layouts=fsdp,fsdp_bf16,expert8 --out=runs/plan.md
   python -m launch.plan --config=configs/opd_qwen3_6_35b_a3b.py     # + teacher + sampling
+  python -m launch.plan --config=configs/rl_qwen3_6_35b_a3b.py      # + reference + rollouts
 
 An SFT config plans the policy's train step. An OPD config plans the student's train step
 with the frozen teacher on the same mesh (its weights in its own dtype, no gradients or
 optimiser state), and the sampling phase between steps: the whole train state resident plus
 the sampler's caches and temporaries for a step's prompts; the peak is the larger of the two.
+An RL config plans the policy's step (and the frozen reference when `kl_coef` > 0) and one
+lockstep round of its rollouts: every episode of a rollout decoding at once, contexts of up to
+`seq_len` tokens.
 
 For each setup (`<devices>x<GiB per device>`) and layout, the train step is compiled for
 that many simulated CPU devices with abstract arrays (nothing is allocated) and XLA's memory
@@ -96,9 +100,26 @@ def _plan(c, devices: int, layout: str):
         driver = train.sft_driver(config, model_fn=lambda: models.Qwen(model, rngs=nnx.Rngs(0)),
                                   run_dir=scratch, mesh=mesh)  # fmt: skip
         return train.plan_stage_step(driver), model
-    if c.stage != "opd":
-        raise ValueError(f"config.stage={c.stage!r}: plans cover 'sft' and 'opd' configs")
     import rl
+
+    if c.stage == "rl":
+        from launch import rl as rl_launch
+
+        config = dataclasses.replace(rl_launch.build(c).rl, trainer=trainer,
+                                     optimizer=optimizer, mesh=mesh_config)  # fmt: skip
+        driver = rl.rl_driver(config, model_config=model, run_dir=scratch, mesh=mesh)
+        r = config.rollout
+        overrides = {"moe_dispatch": r.decode_moe_dispatch} if r.decode_moe_dispatch else None
+        # One lockstep round: every episode of a rollout decodes its next call together.
+        sampler = lambda module: models.Sampler(  # noqa: E731
+            getattr(module, "policy", module),
+            decode_overrides=overrides,
+            max_length=config.trainer.seq_len,
+        ).lower(r.sample_chunk or r.scenarios * r.group_size,
+                config.trainer.seq_len - r.max_tokens, r.max_tokens)  # fmt: skip
+        return train.plan_stage_step(driver, sampler=sampler), model
+    if c.stage != "opd":
+        raise ValueError(f"config.stage={c.stage!r}: plans cover 'sft', 'opd' and 'rl' configs")
     from launch import opd
 
     teacher_block = opd._teacher_block(c)

@@ -14,6 +14,11 @@ model_config=, run_dir=, prompts=, eval_prompts=, init_policy=, init_head=) -> M
 simulated acceptance length), `mtp_stage_loss`, `Drafter`, `RolloutConfig`, `RolloutPool`,
 `generate_rollouts`, `prompts_from_rows` (agent prompts from training rows), `MTP_RANDOM` (explicit random initialisation). CLI: `python -m launch.mtp`.
 
+HSA-RL (`rl._rl_stage`, `_rl_source`, `_rl_loss`, `_rollout`): `run_rl(RLConfig(...),
+model_config=, run_dir=, tokenizer=, init_policy=) -> RLResult` (lockstep-batched group
+rollouts of whole episodes in the live room, HAT advantages, GSPO updates; held-out rewards
+before/after), `rl_driver`, `rl_loss`, `RLSource`, `rollout`. CLI: `python -m launch.rl`.
+
 Local policy: `JaxPolicy(model, tokenizer)` is a `hat_jax.harness.PolicyModel` sampling from a
 `models.Qwen` with `models.Sampler` (`generate`, and `generate_batch` for group rollouts).
 """
@@ -27,6 +32,11 @@ from rl._opd_loss import ESTIMATORS as OPD_ESTIMATORS
 from rl._opd_loss import opd_loss
 from rl._opd_sampling import OPDSource, StudentSampler
 from rl._opd_stage import OPDConfig, OPDResult, opd_driver, run_opd
+from rl._rl_loss import RL_KEYS, rl_loss
+from rl._rl_source import RLRolloutConfig, RLSource, segment_advantages
+from rl._rl_stage import RLConfig, RLResult, recompute_logprobs, rl_driver, run_rl
+from rl._rollout import Lockstep, Rollouts, Segment, rollout
+from rl._rollout import rows as rollout_rows
 from rl.advantages import (
     REPLY,
     REWARD_DIMS,
@@ -102,6 +112,22 @@ __all__ = [
     "opd_driver",
     "opd_loss",
     "run_opd",
+    # HSA-RL stage
+    "RL_KEYS",
+    "Lockstep",
+    "RLConfig",
+    "RLResult",
+    "RLRolloutConfig",
+    "RLSource",
+    "Rollouts",
+    "Segment",
+    "recompute_logprobs",
+    "rl_driver",
+    "rl_loss",
+    "rollout",
+    "rollout_rows",
+    "run_rl",
+    "segment_advantages",
     # MTP draft-head adaptation stage
     "MTP_RANDOM",
     "Drafter",

@@ -11,9 +11,12 @@ with majority vote and an agreement report against the rule labels.
 
 from rl.rewards._facts import clock_times, content_words, money, states, text_recall
 from rl.rewards._judge import (
+    JUDGE_FAILURES,
     PROMPTS,
+    JudgedRewarder,
     JudgeEndpoint,
     JudgePanel,
+    JudgeUnavailable,
     JudgeVote,
     PanelVerdict,
     agreement_report,
@@ -25,6 +28,9 @@ from rl.rewards._segments import Segments, approx_tokens, batch_segments, segmen
 
 __all__ = [
     "ACK",
+    "JUDGE_FAILURES",
+    "JudgeUnavailable",
+    "JudgedRewarder",
     "ENV_FAULTS",
     "PROMPTS",
     "JudgeEndpoint",

@@ -191,6 +191,44 @@ class JudgePanel:
         return answer
 
 
+JUDGE_FAILURES = ("fail", "rules")
+
+
+class JudgeUnavailable(RuntimeError):
+    """No judge of the panel gave a valid vote on an episode (endpoints down, bad answers)."""
+
+
+class JudgedRewarder:
+    """Rewards with the panel's labels for Accuracy and Effectiveness and the rule rewards for
+    Tool Rationality and Skill Selection (a drop-in for `Rewarder` in `LiveRoom`).
+
+    When no judge gives a valid vote on an episode, `on_failure="fail"` raises
+    `JudgeUnavailable` naming every judge and why; `"rules"` keeps the rule labels for that
+    episode and counts it in `fallbacks`. A missing label never becomes a zero reward.
+    """
+
+    def __init__(self, rules, panel: JudgePanel, *, on_failure: str = "fail"):
+        if on_failure not in JUDGE_FAILURES:
+            raise ValueError(f"JudgedRewarder: on_failure={on_failure!r}, one of {JUDGE_FAILURES}")
+        self.rules, self.panel, self.on_failure = rules, panel, on_failure
+        self.fallbacks = 0
+
+    def score(self, scenario: Scenario, trajectory: hx.Trajectory, state) -> RewardVector:
+        ruled = self.rules.score(scenario, trajectory, state)
+        verdict = self.panel.judge(scenario, trajectory)
+        if verdict.accuracy is None or verdict.effectiveness is None:
+            why = "; ".join(f"{v.judge}: {v.error}" for v in verdict.votes)
+            if self.on_failure == "fail":
+                raise JudgeUnavailable(
+                    f"no valid judge vote on episode {scenario.id} ({why}); fix the judge "
+                    "endpoints or set the judge's on_failure to 'rules'"
+                )
+            self.fallbacks += 1
+            return ruled
+        return dataclasses.replace(ruled, accuracy=verdict.accuracy,
+                                   effectiveness=verdict.effectiveness)  # fmt: skip
+
+
 # ------------------------------------------------------------------------------ agreement
 def _kappa(pairs: Sequence[tuple[float, float]], labels: Sequence[float]) -> float | None:
     n = len(pairs)

@@ -1,0 +1,218 @@
+"""HSA-RL steps: a single-turn GRPO/GSPO step, ours vs TRL's GRPOTrainer, and our multi-turn
+agent step.
+
+Single-turn (the work a peer can run too, no tools): B prompts x G completions of exactly N
+tokens sampled with the policy at temperature 1, a reward on the completion's token ids,
+group-normalised advantages, one AdamW update with GSPO's sequence-level ratio (clip range
+3e-4 / 4e-4, no KL). Ours: `models.Sampler` over the policy's current weights (through
+`rl.StudentSampler`), rows as `rl.rollout_rows` lays them out, `rl.grpo` advantages, the RL
+stage's compiled step (`rl.rl_driver`); TRL: `GRPOTrainer` with
+`importance_sampling_level="sequence"` (see `bench/_grpo_peer.py`). Both start from the same
+Hugging Face directory (a random transformers Qwen3.5-MoE), fp32 on CPU, the same prompt ids.
+Medians over the steps after the first.
+
+Multi-turn: our RL stage's own step on the bundled live room (the real agent loop: Skills,
+tools, Hooks, faults) with a random tiny policy: trajectories per second and where a
+rollout's time goes (sampling in the lockstep batches; the loop's tool and Hook work and the
+rewards; the update).
+
+    python -m bench rl                       # mid-size config, B=4, G=4, N=32
+    python -m bench.bench_rl --tiny --steps 4 --skip_agent
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+
+def _reward(ids) -> float:
+    """The synthetic reward of both sides: the share of even token ids."""
+    ids = list(ids)
+    return sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1)
+
+
+def ours_step_times(policy_dir, prompts, *, group_size, max_new_tokens, steps, lr, tokenizer):
+    """Per-step sampling / learning seconds of our single-turn GRPO/GSPO step."""
+    import jax
+
+    import models
+    import rl
+    from hat_jax import sharding, train
+    from launch._common import init_source
+
+    config = models.QwenConfig.from_hf(policy_dir, dtype="float32", param_dtype="float32",
+                                       moe_dispatch="capacity")  # fmt: skip
+    rows_per_step = len(prompts) * group_size
+    rl_config = rl.RLConfig(
+        trainer=train.TrainerConfig(total_steps=steps, batch_size=rows_per_step,
+                                    seq_len=max(map(len, prompts)) + max_new_tokens,
+                                    progress=False, plots=False),
+        optimizer=train.OptimizerConfig(learning_rate=lr, warmup_steps=0, decay_steps=steps,
+                                        min_learning_rate_ratio=1.0, weight_decay=0.0),
+    )  # fmt: skip
+    mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
+    with tempfile.TemporaryDirectory(prefix="bench_rl_") as run_dir:
+        driver = rl.rl_driver(
+            rl_config,
+            model_config=config,
+            run_dir=run_dir,
+            mesh=mesh,
+            init_policy=init_source(("hf", policy_dir), config, name="policy"),
+        )
+    state = driver.initial_state()
+    sampler = rl.StudentSampler(pad_id=tokenizer.pad_token_id, stop_tokens=(),
+                                decode_overrides={"moe_dispatch": "dense"})  # fmt: skip
+    repeated = [p for p in prompts for _ in range(group_size)]
+    groups = np.repeat(np.arange(len(prompts)), group_size)
+    out = []
+    for step in range(steps):
+        start = time.perf_counter()
+        sample = sampler(driver.model(state), repeated, max_new_tokens=max_new_tokens,
+                         sampling=models.Sampling(temperature=1.0),
+                         seed=jax.random.key(step))  # fmt: skip
+        rewards = np.asarray([_reward(sample.completion(i)) for i in range(rows_per_step)])
+        advantages = np.asarray(rl.grpo(rewards, groups, eps=1e-4))
+        segments = [rl.Segment(episode=i, group=int(groups[i]), round=1, kind=rl.REPLY,
+                               cot_length=0, prompt=np.asarray(sample.prompts[i]),
+                               completion=np.asarray(sample.completion(i)),
+                               logprobs=sample.policy_logprobs[i, : sample.lengths[i]])
+                    for i in range(rows_per_step)]  # fmt: skip
+        rows, _ = rl.rollout_rows(segments, advantages, seq_len=rl_config.trainer.seq_len,
+                                  pad_id=tokenizer.pad_token_id)  # fmt: skip
+        rows["fresh"] = np.ones_like(rows["loss_mask"])
+        sampled = time.perf_counter()
+        state, metrics = driver.step_fn(state, sharding.global_batch(rows, mesh))
+        jax.block_until_ready(state.params)
+        done = time.perf_counter()
+        assert (sample.lengths == max_new_tokens).all()
+        out.append({"step_s": done - start, "sampling_s": sampled - start,
+                    "learning_s": done - sampled, "loss": float(metrics["loss"]),
+                    "reward": float(rewards.mean())})  # fmt: skip
+    return out
+
+
+def agent_step(steps: int = 3) -> dict[str, float]:
+    """Our multi-turn RL step on the bundled live room with a random tiny policy."""
+    import jax
+
+    import models
+    import rl
+    from data.tokenizer import load_tokenizer
+    from hat_jax import harness as hx
+    from hat_jax import sharding, train
+    from hat_jax.metrics import read_metrics
+
+    tokenizer = load_tokenizer()
+    config = models.QwenConfig.preset("tiny", vocab_size=-(-len(tokenizer) // 128) * 128,
+                                      dtype="float32", param_dtype="float32",
+                                      moe_dispatch="capacity", attention_impl="flash")  # fmt: skip
+    rl_config = rl.RLConfig(
+        trainer=train.TrainerConfig(total_steps=steps, batch_size=16, seq_len=6144,
+                                    log_every=1, progress=False, plots=False),
+        rollout=rl.RLRolloutConfig(scenarios=4, group_size=4, max_tokens=64,
+                                   decode_moe_dispatch="dense"),
+        sim=rl.SimConfig(limits=hx.Limits(max_rounds=4, budget_s=1e6, tool_timeout_s=60)),
+        eval_scenarios=1, eval_trajectories=0,
+    )  # fmt: skip
+    mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
+    with tempfile.TemporaryDirectory(prefix="bench_rl_agent_") as run_dir:
+        rl.run_rl(rl_config, model_config=config, run_dir=run_dir, tokenizer=tokenizer,
+                  init_policy=train.RANDOM, mesh=mesh)  # fmt: skip
+        records = [r for r in read_metrics(run_dir) if "rollout_seconds" in r][1:]  # warm
+    if not records:
+        return {}
+    mean = lambda k: statistics.mean(r[k] for r in records)  # noqa: E731
+    rollout, sampling, learn = (
+        mean("rollout_seconds"),
+        mean("sampling_seconds"),
+        mean("learn_seconds"),
+    )
+    total = rollout + learn
+    return {
+        "trajectories_per_second": mean("trajectories_per_second"),
+        "episodes": mean("episodes"),
+        "rounds": mean("rounds"),
+        "sampling_share": sampling / total,
+        "loop_share": (rollout - sampling) / total,
+        "learning_share": learn / total,
+        "step_s": total,
+    }
+
+
+def _medians(per_step: list[dict]) -> dict[str, float]:
+    timed = per_step[1:]
+    return {
+        k: statistics.median(r[k] for r in timed) for k in ("step_s", "sampling_s", "learning_s")
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="the 4-layer test config")
+    parser.add_argument("--batch", type=int, default=4, help="prompts per step (B)")
+    parser.add_argument("--group", type=int, default=4, help="completions per prompt (G)")
+    parser.add_argument("--new_tokens", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=4, help="the first is a warm-up")
+    parser.add_argument("--learning_rate", type=float, default=1e-5)
+    parser.add_argument("--skip_agent", action="store_true", help="single-turn only")
+    args = parser.parse_args()
+
+    from hat_jax.host_memory import retain_freed_memory
+
+    retain_freed_memory(True)
+    from bench._grpo_peer import grpo_step_times
+    from bench.bench_opd import _model_dirs
+    from data.tokenizer import load_tokenizer
+    from hat_jax import chat_format
+
+    tokenizer = load_tokenizer()
+    questions = ["Is the blue jacket still in stock?", "How long does shipping take?",
+                 "Can I use two coupons on one order?", "Does this serum suit dry skin?"]  # fmt: skip
+    prompts = [
+        tokenizer(chat_format.render([{"role": "user", "content": questions[i % 4]}],
+                                     add_generation_prompt=True, enable_thinking=False),
+                  add_special_tokens=False)["input_ids"]
+        for i in range(args.batch)
+    ]  # fmt: skip
+    print(f"load average {os.getloadavg()[0]:.2f}; B={args.batch} prompts x G={args.group}, "
+          f"N={args.new_tokens} new tokens, {args.steps} steps "
+          f"({'tiny' if args.tiny else 'mid-size'} config), fp32")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench_rl_models_") as root:
+        policy, _ = _model_dirs(pathlib.Path(root), args.tiny, tokenizer)
+        common = dict(group_size=args.group, max_new_tokens=args.new_tokens, steps=args.steps)
+        ours = ours_step_times(policy, prompts, lr=args.learning_rate, tokenizer=tokenizer,
+                               **common)  # fmt: skip
+        theirs = grpo_step_times(policy, prompts, reward_fn=_reward,
+                                 learning_rate=args.learning_rate, **common)  # fmt: skip
+    a, b = _medians(ours), _medians(theirs["per_step"])
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        "| single-turn GRPO/GSPO step (median of steps 2..) | ours (JAX) | TRL GRPO | TRL / ours |"
+    )
+    print("|---|---|---|---|")
+    for key, label in (("step_s", "whole step"), ("sampling_s", "sampling"),
+                       ("learning_s", "learning (rewards, advantages, fwd+bwd, update)")):  # fmt: skip
+        print(f"| {label} | {a[key]:.3f} s | {b[key]:.3f} s | {b[key] / a[key]:.2f}x |")
+    ratio = b["step_s"] / a["step_s"]
+    print(f"speed-up per step ours vs TRL GRPO: {ratio:.2f}x (target >= 3x: "
+          f"{'met' if ratio >= 3 else 'not met'})")  # fmt: skip
+    print(f"ours per step: {[round(r['step_s'], 3) for r in ours]}")
+    print(f"TRL per step:  {[round(r['step_s'], 3) for r in theirs['per_step']]}")
+    if not args.skip_agent:
+        agent = agent_step()
+        print("multi-turn agent step (bundled live room, tiny random policy, 4 x 4 episodes): "
+              f"{agent['trajectories_per_second']:.2f} trajectories/s (rollout only), "
+              f"{agent['rounds']:.2f} rounds per episode, {agent['step_s']:.1f} s per rollout + "
+              f"update: sampling {agent['sampling_share']:.0%}, agent loop (tools, Hooks, "
+              f"rewards) {agent['loop_share']:.0%}, learning {agent['learning_share']:.0%}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Group rollouts of whole agent episodes for HSA-RL, decoded in lockstep batches.
+
+A rollout step draws `scenarios` scenarios from the live room; each gets one Harness state
+(HSA-augmented, or the original for `SimConfig.hsa.original_fraction` of them, as
+`LiveRoom.state_for` draws it) and `group_size` episodes: one GRPO group. Every episode runs
+the real agent loop (`LiveRoom.run`: Skills, tools, Hooks with their retries, injected
+faults, the round limit) on its own thread, and their model calls meet at a barrier
+(`Lockstep`): once every live episode is waiting for the policy, the waiting conversations
+are sampled in one `generate_batch` call, in episode order, with a seed derived from the
+step's seed and the barrier's round. A step's rollouts are therefore a function of the
+weights and the seed alone, whatever the threads' timing, and the sampler decodes a whole
+step's calls of one round as one batch.
+
+Each model call that produced output is a segment (`rl.rewards.segments` decides tool-call or
+reply): the exact token ids the sampler was given and sampled (the stop token included) and
+the sampled tokens' log-probabilities under the unmodified policy (GSPO's old log-probs).
+Nothing is decoded and re-tokenised: the training rows are these ids.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hat_jax import harness as hx
+from rl.rewards import segments as episode_segments
+from rl.sim import LiveRoom
+from rl.sim._room import Episode, _seed
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One model call of one episode, as the sampler saw and produced it.
+
+    Attributes:
+      episode, group: the episode's index in the step and its rollout group (scenario).
+      round: the model round (1-based).
+      kind: `rl.advantages.TOOL` or `REPLY`.
+      cot_length: reasoning tokens of the call's output.
+      prompt: int32[P] the ids the sampler continued.
+      completion: int32[C] the ids it sampled.
+      logprobs: f32[C] their log-probabilities under the policy (temperature 1, no filter).
+    """
+
+    episode: int
+    group: int
+    round: int
+    kind: int
+    cot_length: int
+    prompt: np.ndarray
+    completion: np.ndarray
+    logprobs: np.ndarray
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """A step's episodes (in order; `groups[i]` is episode i's group) and their segments."""
+
+    episodes: list[Episode]
+    groups: list[int]
+    segments: list[Segment]
+    sampling_seconds: float
+    seconds: float
+    batches: int
+
+
+class Lockstep:
+    """Collects the model calls of concurrent episodes and samples them together.
+
+    Episode `i` calls `view(i).generate(...)`; the call waits until every live episode has a
+    call waiting (an episode that ends calls `done(i)`), then the waiting calls are sampled in
+    one `policy.generate_batch` call ordered by episode index. `policy` is a `rl.JaxPolicy`
+    (or anything with its `generate_batch` and `last_output`).
+    """
+
+    def __init__(self, policy: Any, episodes: int, *, seed: int, chunk: int = 0):
+        self.policy, self.seed, self.chunk = policy, seed, chunk
+        self._cond = threading.Condition()
+        self._live = set(range(episodes))
+        self._waiting: dict[int, tuple[list, list, hx.SamplingParams]] = {}
+        self._results: dict[int, Any] = {}
+        self.records: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
+            i: [] for i in range(episodes)
+        }
+        self.batches, self.sampling_seconds = 0, 0.0
+
+    def view(self, episode: int) -> _View:
+        return _View(self, episode)
+
+    def generate(self, episode: int, messages, tools, sampling) -> hx.AssistantTurn:
+        with self._cond:
+            self._waiting[episode] = (list(messages), list(tools), sampling)
+            self._maybe_sample()
+            while episode not in self._results:
+                self._cond.wait()
+            result = self._results.pop(episode)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def done(self, episode: int) -> None:
+        with self._cond:
+            self._live.discard(episode)
+            self._maybe_sample()
+
+    def _maybe_sample(self) -> None:
+        """Samples the waiting calls once every live episode waits (lock held)."""
+        if not self._waiting or not self._live <= set(self._waiting):
+            return
+        order = sorted(self._waiting)
+        calls = [self._waiting.pop(i) for i in order]
+        size = self.chunk or len(order)
+        start = time.perf_counter()
+        for c, first in enumerate(range(0, len(order), size)):
+            seed = _seed("batch", self.seed, self.batches, c) % 2**31
+            sampling = dataclasses.replace(calls[first][2], seed=seed)
+            self._sample(order[first : first + size], calls[first : first + size], sampling)
+        self.batches += 1
+        self.sampling_seconds += time.perf_counter() - start
+        self._cond.notify_all()
+
+    def _sample(self, order, calls, sampling) -> None:
+        """One `generate_batch` call for the episodes `order` (lock held)."""
+        try:
+            turns = self.policy.generate_batch([(m, t) for m, t, _ in calls], sampling)
+            out = self.policy.last_output
+            for row, i in enumerate(order):
+                n = int(out.lengths[row])
+                self.records[i].append((np.asarray(out.prompts[row], np.int32),
+                                        np.asarray(out.tokens[row, :n], np.int32),
+                                        np.asarray(out.policy_logprobs[row, :n], np.float32)))  # fmt: skip
+                self._results[i] = turns[row]
+        except hx.PolicyError:  # e.g. one prompt too long: sample the rows one by one
+            for i, (messages, tools, _) in zip(order, calls, strict=True):
+                self._results[i] = self._one(i, messages, tools, sampling)
+        except Exception as err:  # noqa: BLE001 - every waiting episode sees the failure
+            for i in order:
+                self._results[i] = err
+
+    def _one(self, i, messages, tools, sampling):
+        try:
+            turn = self.policy.generate_batch([(messages, tools)], sampling)[0]
+        except hx.PolicyError as err:
+            return err
+        out = self.policy.last_output
+        n = int(out.lengths[0])
+        self.records[i].append((np.asarray(out.prompts[0], np.int32),
+                                np.asarray(out.tokens[0, :n], np.int32),
+                                np.asarray(out.policy_logprobs[0, :n], np.float32)))  # fmt: skip
+        return turn
+
+
+class _View:
+    """Episode `i`'s handle on a `Lockstep`: a `hat_jax.harness.PolicyModel`."""
+
+    inline = True  # the loop calls it on the episode's own thread
+
+    def __init__(self, lockstep: Lockstep, episode: int):
+        self.lockstep, self.episode = lockstep, episode
+
+    def generate(self, messages, tools, sampling=None) -> hx.AssistantTurn:
+        return self.lockstep.generate(
+            self.episode, messages, tools, sampling or hx.SamplingParams()
+        )
+
+
+def rollout(
+    room: LiveRoom,
+    policy: Any,
+    *,
+    scenarios: int,
+    group_size: int,
+    seed: int,
+    sampling: hx.SamplingParams,
+    count_tokens=None,
+    chunk: int = 0,
+) -> Rollouts:
+    """Runs `scenarios` x `group_size` episodes together and returns their segments.
+
+    Args:
+      room: the live room (scenario split, HSA, faults, loop limits, rewarder).
+      policy: a `rl.JaxPolicy` holding the current weights.
+      scenarios: rollout groups per step; group_size: episodes per group (G).
+      seed: the step's seed: scenarios, Harness states, faults and sampling derive from it.
+      sampling: temperature, top-p and the per-call token budget (`max_tokens`).
+      count_tokens: reasoning length in tokens (default: the policy's tokenizer).
+      chunk: conversations per sampler call at a barrier (0: all of them at once).
+    """
+    start = time.perf_counter()
+    specs = []  # (group, scenario, state, member seed)
+    for g in range(scenarios):
+        scenario = room.sample(_seed("rl-scenario", seed, g))
+        state, _ = room.state_for(scenario, _seed("rl-state", seed, g))
+        specs += [(g, scenario, state, _seed("rl-member", seed, g, k)) for k in range(group_size)]
+    lockstep = Lockstep(policy, len(specs), seed=seed, chunk=chunk)
+
+    def run(i: int) -> Episode:
+        g, scenario, state, member = specs[i]
+        try:
+            return room.run(lockstep.view(i), scenario, seed=member, state=state,
+                            sampling=dataclasses.replace(sampling, seed=member % 2**31))  # fmt: skip
+        finally:
+            lockstep.done(i)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        episodes = list(pool.map(run, range(len(specs))))
+    if count_tokens is None:
+        tokenizer = policy.tokenizer
+        count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    segments = []
+    for i, episode in enumerate(episodes):
+        parts = episode_segments(episode.trajectory, episode.rewards, count_tokens=count_tokens)
+        records = lockstep.records[i]
+        if len(records) != len(parts):
+            raise RuntimeError(
+                f"episode {i}: {len(records)} sampled calls but {len(parts)} model calls with "
+                "output (a policy call outside the lockstep?)"
+            )
+        for k, (prompt, completion, logprobs) in enumerate(records):
+            segments.append(Segment(episode=i, group=specs[i][0], round=int(parts.rounds[k]),
+                                    kind=int(parts.kinds[k]),
+                                    cot_length=int(parts.cot_lengths[k]), prompt=prompt,
+                                    completion=completion, logprobs=logprobs))  # fmt: skip
+    return Rollouts(
+        episodes=episodes,
+        groups=[s[0] for s in specs],
+        segments=segments,
+        sampling_seconds=lockstep.sampling_seconds,
+        seconds=time.perf_counter() - start,
+        batches=lockstep.batches,
+    )
+
+
+def segment_rewards(rollouts: Rollouts) -> np.ndarray:
+    """f32[S, 4] each segment's episode rewards (`REWARD_DIMS` order)."""
+    return np.stack([rollouts.episodes[s.episode].rewards.as_array() for s in rollouts.segments])
+
+
+def rows(
+    segments: Sequence[Segment], advantages: np.ndarray, *, seq_len: int, pad_id: int
+) -> tuple[dict[str, np.ndarray], int]:
+    """One training row per segment: prompt then completion (`loss_mask` 1 on the completion
+    only), `old_logprobs` aligned with the tokens, the segment's advantage on every token.
+    Segments longer than `seq_len` are left out (never cut) and counted.
+
+    Returns `(rows, dropped)`; the rows' keys are `ROW_KEYS`.
+    """
+    keep = [
+        (s, a) for s, a in zip(segments, advantages, strict=True)
+        if len(s.prompt) + len(s.completion) <= seq_len
+    ]  # fmt: skip
+    n = len(keep)
+    out = {
+        "input_ids": np.full((n, seq_len), pad_id, np.int32),
+        "loss_mask": np.zeros((n, seq_len), np.int32),
+        "segment_ids": np.zeros((n, seq_len), np.int32),
+        "positions": np.zeros((n, seq_len), np.int32),
+        "old_logprobs": np.zeros((n, seq_len), np.float32),
+        "advantages": np.zeros((n, seq_len), np.float32),
+    }
+    for r, (s, a) in enumerate(keep):
+        p, c = len(s.prompt), len(s.completion)
+        out["input_ids"][r, :p] = s.prompt
+        out["input_ids"][r, p : p + c] = s.completion
+        out["loss_mask"][r, p : p + c] = 1
+        out["old_logprobs"][r, p : p + c] = s.logprobs
+        out["segment_ids"][r, : p + c] = 1
+        out["positions"][r, : p + c] = np.arange(p + c)
+        out["advantages"][r, : p + c] = a
+    return out, len(segments) - n
+
+
+ROW_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions", "old_logprobs", "advantages")
