@@ -98,7 +98,27 @@ def ours_step_times(policy_dir, prompts, *, group_size, max_new_tokens, steps, l
     return out
 
 
-def agent_step(steps: int = 3) -> dict[str, float]:
+class _Rollouts:
+    """An RL source that stops (StopIteration ends the trainer's loop) before its
+    `limit + 1`-th rollout."""
+
+    def __init__(self, source, limit: int):
+        self.source, self.limit = source, limit
+
+    def next_batch(self, model):
+        s = self.source
+        if s.rollouts >= self.limit and s.minibatch >= s.minibatches:
+            raise StopIteration
+        return s.next_batch(model)
+
+    def get_state(self):
+        return self.source.get_state()
+
+    def set_state(self, state):
+        self.source.set_state(state)
+
+
+def agent_step(rollouts: int = 3) -> dict[str, float]:
     """Our multi-turn RL step on the bundled live room with a random tiny policy."""
     import jax
 
@@ -114,31 +134,35 @@ def agent_step(steps: int = 3) -> dict[str, float]:
                                       dtype="float32", param_dtype="float32",
                                       moe_dispatch="capacity", attention_impl="flash")  # fmt: skip
     rl_config = rl.RLConfig(
-        trainer=train.TrainerConfig(total_steps=steps, batch_size=16, seq_len=6144,
-                                    log_every=1, progress=False, plots=False),
+        trainer=train.TrainerConfig(total_steps=10_000, batch_size=16, seq_len=6144,
+                                    log_every=1, checkpoint_every=0, progress=False,
+                                    plots=False),
         rollout=rl.RLRolloutConfig(scenarios=4, group_size=4, max_tokens=64,
                                    decode_moe_dispatch="dense"),
-        sim=rl.SimConfig(limits=hx.Limits(max_rounds=4, budget_s=1e6, tool_timeout_s=60)),
-        eval_scenarios=1, eval_trajectories=0,
     )  # fmt: skip
+    room = rl.LiveRoom(rl.SimConfig(limits=hx.Limits(max_rounds=4, budget_s=1e6,
+                                                     tool_timeout_s=60)))  # fmt: skip
     mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
     with tempfile.TemporaryDirectory(prefix="bench_rl_agent_") as run_dir:
-        rl.run_rl(rl_config, model_config=config, run_dir=run_dir, tokenizer=tokenizer,
-                  init_policy=train.RANDOM, mesh=mesh)  # fmt: skip
-        records = [r for r in read_metrics(run_dir) if "rollout_seconds" in r][1:]  # warm
-    if not records:
+        driver = rl.rl_driver(rl_config, model_config=config, run_dir=run_dir, mesh=mesh)
+        source = rl.RLSource(room, tokenizer, rollout=rl_config.rollout,
+                             advantages=rl_config.advantages, batch_size=16, seq_len=6144,
+                             run_dir=pathlib.Path(run_dir), seed=0)  # fmt: skip
+        driver.run(_Rollouts(source, rollouts))
+        records = read_metrics(run_dir)
+    steps = [r for r in records if "loss" in r]
+    firsts = [r for r in steps if "rollout_seconds" in r][1:]  # the first compiles
+    if not firsts:
         return {}
-    mean = lambda k: statistics.mean(r[k] for r in records)  # noqa: E731
-    rollout, sampling, learn = (
-        mean("rollout_seconds"),
-        mean("sampling_seconds"),
-        mean("learn_seconds"),
-    )
+    updates = [r for r in steps if r["step"] > firsts[0]["step"] - 1]
+    mean = lambda rows, k: statistics.mean(r[k] for r in rows)  # noqa: E731
+    rollout, sampling = mean(firsts, "rollout_seconds"), mean(firsts, "sampling_seconds")
+    learn = sum(r["learn_seconds"] for r in updates) / len(firsts)  # per rollout
     total = rollout + learn
     return {
-        "trajectories_per_second": mean("trajectories_per_second"),
-        "episodes": mean("episodes"),
-        "rounds": mean("rounds"),
+        "trajectories_per_second": mean(firsts, "trajectories_per_second"),
+        "rounds": mean(firsts, "rounds"),
+        "updates": len(updates) / len(firsts),
         "sampling_share": sampling / total,
         "loop_share": (rollout - sampling) / total,
         "learning_share": learn / total,
@@ -209,9 +233,10 @@ def main() -> None:
         agent = agent_step()
         print("multi-turn agent step (bundled live room, tiny random policy, 4 x 4 episodes): "
               f"{agent['trajectories_per_second']:.2f} trajectories/s (rollout only), "
-              f"{agent['rounds']:.2f} rounds per episode, {agent['step_s']:.1f} s per rollout + "
-              f"update: sampling {agent['sampling_share']:.0%}, agent loop (tools, Hooks, "
-              f"rewards) {agent['loop_share']:.0%}, learning {agent['learning_share']:.0%}")  # fmt: skip
+              f"{agent['rounds']:.2f} rounds per episode, {agent['step_s']:.1f} s per rollout "
+              f"and its {agent['updates']:.1f} updates: sampling {agent['sampling_share']:.0%}, "
+              f"agent loop (tools, Hooks, rewards) {agent['loop_share']:.0%}, learning "
+              f"{agent['learning_share']:.0%}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ ONE_DEVICE = dict(devices=jax.devices()[:1])  # see tests/train/test_launch_sft.
 def _config(**trainer):
     c = rl_demo.get_config("hsa")
     c.policy.update(dict(kind="random", path=""))
-    c.rollout.update(dict(scenarios=2, group_size=2, max_tokens=8))
+    c.rollout.update(dict(scenarios=1, group_size=2, max_tokens=8))
     c.sim.update(dict(max_rounds=2))
-    c.eval.update(dict(scenarios=2, trajectories=1))
-    c.trainer.update(dict(total_steps=2, batch_size=4, seq_len=4608, eval_every=0,
-                          checkpoint_every=2, progress=False, plots=False) | trainer)  # fmt: skip
+    c.eval.update(dict(scenarios=1, trajectories=1))
+    c.trainer.update(dict(total_steps=1, batch_size=4, seq_len=4608, eval_every=0,
+                          checkpoint_every=1, progress=False, plots=False) | trainer)  # fmt: skip
     return c
 
 
@@ -36,10 +36,10 @@ def _config(**trainer):
 def test_rl_through_the_launch_script(tmp_path):
     mesh = sharding.make_mesh(sharding.MeshConfig(), **ONE_DEVICE)
     result = rl_launch.run(_config(), run_dir=str(tmp_path / "run"), mesh=mesh)
-    assert result.step == 2 and result.before and result.after
+    assert result.step == 1 and result.before and result.after
     assert any("held-out reward" in line for line in rl_launch.summary(result))
     assert (tmp_path / "run" / "rl_summary.md").is_file()
-    assert (tmp_path / "run" / "trajectories" / "step_2.md").is_file()
+    assert (tmp_path / "run" / "trajectories" / "step_1.md").is_file()
     metadata = json.loads((tmp_path / "run" / "rl_run.json").read_text())
     assert metadata["limits"]["budget_s"] == 1e6 and metadata["rewarder"] == "Rewarder"
     # A run directory with another architecture's checkpoints is refused, never overwritten.
