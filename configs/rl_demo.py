@@ -80,6 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.kl_estimator = "k3"
     c.old_logprobs = "sampler"  # or "recompute": a forward pass before each rollout's updates
     c.aux_loss_coef = 0.0  # < 0: the model's router_aux_loss_coef
+    c.logits_chunk = 0  # > 0: log-probs this many positions at a time (no [rows, T, V] logits)
     # The LLM judge panel for Accuracy and Effectiveness (rule rewards when empty): a list of
     # "base_url|model" entries (an odd number); on_failure "fail" or "rules" (never zero).
     c.judge = ml_collections.ConfigDict(dict(endpoints="", on_failure="fail", cache_dir=""))

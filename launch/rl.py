@@ -77,6 +77,7 @@ def build(c, *, run_dir: str | None = None) -> Built:
         kl_estimator=c.kl_estimator,
         old_logprobs=c.old_logprobs,
         aux_loss_coef=c.aux_loss_coef if c.aux_loss_coef >= 0 else model.router_aux_loss_coef,
+        logits_chunk=c.logits_chunk,
         eval_scenarios=c.eval.scenarios,
         eval_trajectories=c.eval.trajectories,
         keep_rollouts=c.keep_rollouts,

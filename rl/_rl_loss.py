@@ -20,19 +20,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from hat_jax.train import LossOutput, next_token_targets
+from hat_jax.train import LossOutput, model_token_logprobs, next_token_targets
 from rl.losses import gspo_loss, kl_penalty
 
 # The batch's keys and dtypes: one segment per row, [rows, T] each.
 RL_KEYS = {"input_ids": "int32", "loss_mask": "int32", "segment_ids": "int32",
            "positions": "int32", "old_logprobs": "float32", "advantages": "float32",
            "fresh": "int32"}  # fmt: skip
-
-
-def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """f32[B, T] log-probability of each target under `logits` f[B, T, V]."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 
 def rl_loss(
@@ -46,6 +40,7 @@ def rl_loss(
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
     aux_loss_coef: float = 0.0,
+    logits_chunk: int = 0,
 ) -> LossOutput:
     """GSPO on the batch's segments (+ `kl_coef` x the KL to `model.reference`).
 
@@ -58,6 +53,9 @@ def rl_loss(
       kl_coef: weight of the per-segment mean k3 KL to the frozen reference (0: none).
       kl_estimator: "k1", "k2" or "k3".
       aux_loss_coef: weight of the policy's MoE load-balancing loss.
+      logits_chunk: > 0 computes the log-probs (the reference's too) this many positions at
+        a time from the final hidden states: no `[B, T, V]` logits (see
+        `hat_jax.train.model_token_logprobs`).
 
     Returns sums over segments (see `LossOutput`): weight = non-empty segments; metrics
     `clip_low`, `clip_high`, `ratio_mean`, `ratio_dev` (mean |s − 1|), `kl_old` (k3 of the
@@ -70,7 +68,7 @@ def rl_loss(
     out = policy(ids, positions=pos, segment_ids=seg)
     targets, weights = next_token_targets(batch)
     mask = weights.astype(jnp.float32)
-    logp = token_logprobs(out.logits[:, :-1], targets)
+    logp = model_token_logprobs(policy, out, targets, logits_chunk=logits_chunk)
     old = batch["old_logprobs"][:, 1:].astype(jnp.float32)
     tokens = jnp.sum(mask, axis=-1)
     nonempty = (tokens > 0).astype(jnp.float32)
@@ -96,7 +94,9 @@ def rl_loss(
     total = loss * n
     if kl_coef:
         reference = model.reference(ids, positions=pos, segment_ids=seg)
-        ref_logp = jax.lax.stop_gradient(token_logprobs(reference.logits[:, :-1], targets))
+        ref_logp = jax.lax.stop_gradient(
+            model_token_logprobs(model.reference, reference, targets, logits_chunk=logits_chunk)
+        )
         per_token = kl_penalty(logp, ref_logp, kind=kl_estimator)
         per_seq = jnp.sum(per_token * mask, -1) / jnp.maximum(tokens, 1.0)
         kl_sum = jnp.sum(per_seq * nonempty)

@@ -46,10 +46,11 @@ from hat_jax.train import (
     StageDriver,
     TrainerConfig,
     TrainState,
+    model_token_logprobs,
     next_token_targets,
 )
 from rl import _rollout
-from rl._rl_loss import RL_KEYS, derived, rl_loss, token_logprobs
+from rl._rl_loss import RL_KEYS, derived, rl_loss
 from rl._rl_source import RLRolloutConfig, RLSource, policy_for
 from rl._summary import jsonable, write_summary
 from rl.advantages import REWARD_DIMS, HatAdvantageConfig
@@ -75,6 +76,9 @@ class RLConfig:
       kl_coef, kl_estimator: the KL to the frozen reference (0: no reference model).
       old_logprobs: "sampler" (the sampler's own) or "recompute" (a forward pass first).
       aux_loss_coef: weight of the MoE load-balancing loss.
+      logits_chunk: > 0 computes log-probs this many positions at a time from the final
+        hidden states (the loss, the reference and `old_logprobs="recompute"`): no
+        `[rows, T, V]` logits, which at Qwen's 248K vocabulary are 11 GiB per 12K-token row.
       eval_scenarios: held-out (dev) scenarios per evaluation, rolled out greedily.
       eval_trajectories: whole trajectories written per evaluation.
       keep_rollouts: newest rollout files kept (resume needs the one in progress).
@@ -93,6 +97,7 @@ class RLConfig:
     kl_estimator: str = "k3"
     old_logprobs: str = "sampler"
     aux_loss_coef: float = 0.0
+    logits_chunk: int = 0
     eval_scenarios: int = 8
     eval_trajectories: int = 3
     keep_rollouts: int = 4
@@ -105,6 +110,8 @@ class RLConfig:
                 f"RLConfig: eps_low={self.eps_low}, eps_high={self.eps_high}, "
                 f"kl_coef={self.kl_coef} must be >= 0"
             )
+        if self.logits_chunk < 0:
+            raise ValueError(f"RLConfig: logits_chunk={self.logits_chunk} must be >= 0")
         if self.eval_scenarios < 1 or self.keep_rollouts < 1:
             raise ValueError(
                 f"RLConfig: eval_scenarios={self.eval_scenarios} and "
@@ -152,6 +159,7 @@ def rl_driver(
         rl_loss, eps_low=config.eps_low, eps_high=config.eps_high,
         token_level=config.token_level, kl_coef=config.kl_coef,
         kl_estimator=config.kl_estimator, aux_loss_coef=config.aux_loss_coef,
+        logits_chunk=config.logits_chunk,
     )  # fmt: skip
     return StageDriver(
         StageConfig(trainer=config.trainer, optimizer=config.optimizer, mesh=config.mesh),
@@ -167,21 +175,24 @@ def rl_driver(
     )
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _forward_logprobs(graphdef, params, rest, batch):
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _forward_logprobs(graphdef, params, rest, batch, logits_chunk):
     model = nnx.merge(graphdef, params, rest)
     out = model(batch["input_ids"], positions=batch["positions"], segment_ids=batch["segment_ids"])
     targets, _ = next_token_targets(batch)
-    logp = token_logprobs(out.logits[:, :-1], targets)
+    logp = model_token_logprobs(model, out, targets, logits_chunk=logits_chunk)
     return jnp.pad(logp, ((0, 0), (1, 0))) * batch["loss_mask"]
 
 
-def recompute_logprobs(policy: models.Qwen, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+def recompute_logprobs(
+    policy: models.Qwen, rows: Mapping[str, np.ndarray], *, logits_chunk: int = 0
+) -> np.ndarray:
     """f32[rows, T] the log-probs of each row's tokens under `policy` (a forward pass; aligned
     with the tokens, 0 off the loss mask): old log-probs when not taking the sampler's."""
     graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
     keys = ("input_ids", "positions", "segment_ids", "loss_mask")
-    return np.asarray(_forward_logprobs(graphdef, params, rest, {k: rows[k] for k in keys}))
+    batch = {k: rows[k] for k in keys}
+    return np.asarray(_forward_logprobs(graphdef, params, rest, batch, logits_chunk))
 
 
 class HeldOut:
@@ -297,7 +308,8 @@ def run_rl(
         room, tokenizer, rollout=config.rollout, advantages=config.advantages,
         batch_size=config.trainer.batch_size, seq_len=config.trainer.seq_len, run_dir=run_dir,
         seed=config.trainer.seed, keep_rollouts=config.keep_rollouts,
-        recompute=recompute_logprobs if config.old_logprobs == "recompute" else None,
+        recompute=(functools.partial(recompute_logprobs, logits_chunk=config.logits_chunk)
+                   if config.old_logprobs == "recompute" else None),
     )  # fmt: skip
     evaluation = HeldOut(driver, source, eval_room, config, run_dir)
     _write_metadata(run_dir, config, room)

@@ -14,9 +14,12 @@ evaluations); the SFT loss and `run_sft`; the batch-source interfaces (`DataSour
 from hat_jax.train._data import BATCH_KEYS, DataSource, OnPolicySource, SyntheticTokenSource
 from hat_jax.train._losses import (
     chunked_cross_entropy,
+    chunked_token_logprobs,
     cross_entropy,
+    model_token_logprobs,
     next_token_targets,
     sft_loss,
+    token_logprobs,
     unembedding,
 )
 from hat_jax.train._optimizer import (
@@ -87,6 +90,7 @@ __all__ = [
     "batch_shardings_for",
     "build_sharded",
     "chunked_cross_entropy",
+    "chunked_token_logprobs",
     "cross_entropy",
     "init_train_state",
     "learning_rate_schedule",
@@ -95,6 +99,7 @@ __all__ = [
     "make_optimizer",
     "make_train_step",
     "merge_model",
+    "model_token_logprobs",
     "next_token_targets",
     "plan_sft_step",
     "plan_stage_step",
@@ -103,6 +108,7 @@ __all__ = [
     "sft_driver",
     "sft_loss",
     "split_model",
+    "token_logprobs",
     "unembedding",
     "weight_decay_mask",
 ]

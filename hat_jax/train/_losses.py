@@ -58,6 +58,14 @@ def unembedding(model: nnx.Module) -> jax.Array:
     return head.astype(jnp.dtype(getattr(config, "dtype", head.dtype)))
 
 
+def _chunks(x: jax.Array, chunk: int) -> jax.Array:
+    """`[B, T, ...]` -> `[n, B, chunk, ...]` (T zero-padded up to n x chunk)."""
+    b, t = x.shape[:2]
+    n = -(-t // chunk)
+    x = jnp.pad(x, ((0, 0), (0, n * chunk - t)) + ((0, 0),) * (x.ndim - 2))
+    return jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)
+
+
 def chunked_cross_entropy(
     hidden: jax.Array, head: jax.Array, targets: jax.Array, weights: jax.Array, *, chunk: int
 ) -> tuple[jax.Array, jax.Array]:
@@ -65,16 +73,6 @@ def chunked_cross_entropy(
 
     hidden: f[B, T, H]; head: f[H, V]; targets: i[B, T]; weights: f32[B, T].
     """
-    b, t, _ = hidden.shape
-    n = -(-t // chunk)
-    pad = n * chunk - t
-    if pad:
-        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-        targets, weights = (
-            jnp.pad(targets, ((0, 0), (0, pad))),
-            jnp.pad(weights, ((0, 0), (0, pad))),
-        )
-    split = lambda x: jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)  # noqa: E731
 
     @jax.checkpoint
     def body(carry, xs):
@@ -85,10 +83,48 @@ def chunked_cross_entropy(
         return (carry[0] + ce, carry[1] + correct), None
 
     zero = jnp.zeros((), jnp.float32)
-    (ce_sum, correct), _ = jax.lax.scan(
-        body, (zero, zero), (split(hidden), split(targets), split(weights))
-    )
+    xs = (_chunks(hidden, chunk), _chunks(targets, chunk), _chunks(weights, chunk))
+    (ce_sum, correct), _ = jax.lax.scan(body, (zero, zero), xs)
     return ce_sum, correct
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """f32[...] the log-probability of each target under `logits` f[..., V] (float32)."""
+    return -cross_entropy(logits, targets)
+
+
+def chunked_token_logprobs(
+    hidden: jax.Array, head: jax.Array, targets: jax.Array, *, chunk: int
+) -> jax.Array:
+    """`token_logprobs(hidden @ head, targets)`, f32[B, T], `chunk` positions at a time, each
+    chunk's logits recomputed in the backward pass (the `[B, T, V]` logits never exist).
+
+    hidden: f[B, T, H]; head: f[H, V]; targets: i[B, T].
+    """
+    t = hidden.shape[1]
+
+    @jax.checkpoint
+    def body(_, xs):
+        h, tgt = xs
+        logits = constrain(h.astype(head.dtype) @ head, ("batch", "seq", "vocab"))
+        return None, token_logprobs(logits, tgt)
+
+    _, logp = jax.lax.scan(body, None, (_chunks(hidden, chunk), _chunks(targets, chunk)))
+    n, b = logp.shape[:2]
+    return jnp.moveaxis(logp, 0, 1).reshape(b, n * chunk)[:, :t]
+
+
+def model_token_logprobs(
+    model: nnx.Module, out, targets: jax.Array, *, logits_chunk: int = 0
+) -> jax.Array:
+    """f32[B, T-1] the log-probability of each next token (`targets`, `[B, T-1]`) under a
+    model's output `out` (its `.logits`, or with `logits_chunk` > 0 its `.hidden` and
+    `unembedding(model)`, a chunk of positions at a time)."""
+    if logits_chunk > 0:
+        hidden = constrain(out.hidden, ("batch", "seq", "embed"))[:, :-1]
+        return chunked_token_logprobs(hidden, unembedding(model), targets, chunk=logits_chunk)
+    logits = constrain(out.logits, ("batch", "seq", "vocab"))[:, :-1]
+    return token_logprobs(logits, targets)
 
 
 def sft_loss(
