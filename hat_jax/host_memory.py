@@ -11,7 +11,8 @@ about 360,000 page faults and 1 s of kernel time per step, a third of the CPU ti
 maximum). Freed blocks are then reused by later steps: once the heap has settled (a few
 steps), most run without faults. The cost: the process's resident memory stays at its peak,
 and threads share one malloc arena. It only affects allocations made after the call, so the
-launch scripts call it first thing, on the CPU backend only (accelerator buffers do not come
+launch scripts call it first thing and every training stage's driver (`hat_jax.train.
+StageDriver`) when it is built, on the CPU backend only (accelerator buffers do not come
 from malloc). It does nothing where the C library is not glibc (macOS, musl).
 
 Controlled by the environment variable HAT_JAX_RETAIN_HOST_MEMORY: "1" always, "0" never,

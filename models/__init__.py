@@ -74,8 +74,9 @@ by `hat_jax.sharding`):
 Layout: parameters of the repeating layer pattern (3 DeltaNet + 1 attention for Qwen3.5,
 1 attention for Qwen3-MoE) are stacked over repeats (`blocks/layers/<position>/...`, leading
 `layers` axis) and the forward pass scans over them (`config.scan_unroll` repeats per
-iteration), each repeat rematerialised per `config.remat`. MoE dispatch per backend:
-"sorted" on CPU, "ragged" (`jax.lax.ragged_dot`) on GPU/TPU, "dense" as the reference.
+iteration), each repeat rematerialised per `config.remat`. MoE dispatch: "auto" by default,
+i.e. "capacity" on CPU and "ragged" (`jax.lax.ragged_dot`) on GPU/TPU (`QwenConfig.resolved`,
+applied when a model is built); "sorted" and "dense" (the reference) on request.
 Norms, softmaxes, routing and the delta rule compute in float32 whatever `config.dtype` is.
 Parameters are drawn by one jitted draw per model structure (cached), so building a model
 again is cheap; under `nnx.eval_shape` nothing is allocated. HF conversion (the `mtp.*`

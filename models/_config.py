@@ -16,6 +16,13 @@ from typing import Any
 FAMILIES = ("qwen3_5_moe", "qwen3_moe")
 LAYER_TYPES = ("linear_attention", "full_attention")
 MOE_DISPATCHES = ("dense", "sorted", "capacity", "ragged")
+AUTO = "auto"
+# What "auto" runtime values become on each JAX backend (`QwenConfig.resolved`): the
+# capacity grid is fastest on CPU (batched matmuls XLA:CPU runs well; `bench/bench_model.py`),
+# ragged_dot is the accelerators' grouped matmul.
+AUTO_MOE_DISPATCH = {"cpu": "capacity"}
+AUTO_MOE_DISPATCH_OTHER = "ragged"
+AUTO_SCAN_UNROLL_CPU = 8  # unroll shallow models on CPU; accelerators keep a rolled scan
 REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
 ATTENTION_IMPLS = ("dense", "flash")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -60,11 +67,12 @@ class QwenConfig:
     Runtime:
         dtype, param_dtype: compute and storage dtypes ("float32", "bfloat16", "float16").
             Norms, softmaxes, routing and the delta rule always run in float32.
-        moe_dispatch: "dense" (every expert on every token: the reference), "sorted"
-            (sort tokens by expert, a loop over row blocks), "capacity" (sorted into an
-            [experts, capacity] grid run as batched matmuls, overflow through the block
-            loop: fastest on CPU) or "ragged" (`jax.lax.ragged_dot`: for GPU/TPU). All are
-            dropless and agree (`models._moe`).
+        moe_dispatch: "auto" (default: "capacity" on CPU, "ragged" on GPU/TPU, resolved when
+            a model is built, see `resolved`), "dense" (every expert on every token: the
+            reference), "sorted" (sort tokens by expert, a loop over row blocks), "capacity"
+            (sorted into an [experts, capacity] grid run as batched matmuls, overflow through
+            the block loop: fastest on CPU) or "ragged" (`jax.lax.ragged_dot`: for GPU/TPU).
+            All are dropless and agree (`models._moe`).
         moe_block_size: row block of the "sorted" dispatch's loop (and of "capacity"'s
             overflow loop).
         moe_capacity_factor: rows per expert of the "capacity" grid, as a multiple of the
@@ -89,7 +97,8 @@ class QwenConfig:
         deltanet_chunk_size: chunk length of the chunked gated delta rule.
         scan_unroll: blocks per iteration of the layer scan: 1 keeps compile time flat in
             depth; unrolling a shallow model (CPU, demo) lets XLA drop the per-iteration
-            slicing and gradient-accumulation copies of the stacked parameters.
+            slicing and gradient-accumulation copies of the stacked parameters. 0 (default):
+            auto, up to 8 blocks on CPU and 1 elsewhere.
     """
 
     family: str = "qwen3_5_moe"
@@ -127,7 +136,7 @@ class QwenConfig:
     # Runtime choices: how the math runs, never exported.
     dtype: str = "float32"
     param_dtype: str = "float32"
-    moe_dispatch: str = "sorted"
+    moe_dispatch: str = AUTO
     moe_block_size: int = 128
     moe_capacity_factor: float = 1.25
     moe_shard_local: bool = False
@@ -137,7 +146,7 @@ class QwenConfig:
     remat: str = "none"
     remat_per_layer: bool = False
     deltanet_chunk_size: int = 64
-    scan_unroll: int = 1
+    scan_unroll: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -200,6 +209,25 @@ class QwenConfig:
         if unknown:
             raise ValueError(f"QwenConfig.from_dict: unknown fields {unknown}")
         return cls(**d)
+
+    def resolved(self, backend: str | None = None) -> QwenConfig:
+        """This config with its "auto" runtime values made concrete for `backend` (JAX's
+        default backend when None): `moe_dispatch` "capacity" on CPU, "ragged" on GPU/TPU;
+        `scan_unroll` every block up to 8 on CPU, 1 elsewhere. Explicit values are kept.
+        Models resolve their config when built, so `model.config` says what runs."""
+        if self.moe_dispatch != AUTO and self.scan_unroll > 0:
+            return self
+        if backend is None:
+            import jax
+
+            backend = jax.default_backend()
+        changes: dict[str, Any] = {}
+        if self.moe_dispatch == AUTO:
+            changes["moe_dispatch"] = AUTO_MOE_DISPATCH.get(backend, AUTO_MOE_DISPATCH_OTHER)
+        if self.scan_unroll == 0:
+            cpu = backend == "cpu"
+            changes["scan_unroll"] = min(self.num_blocks, AUTO_SCAN_UNROLL_CPU) if cpu else 1
+        return self.replace(**changes)
 
     def replace(self, **changes: Any) -> QwenConfig:
         """A copy with `changes` applied (and validated)."""
@@ -316,8 +344,8 @@ def _validate_family(c: QwenConfig) -> None:
 def _validate_runtime(c: QwenConfig) -> None:
     _check(c.dtype in DTYPES, "dtype", c.dtype, f"must be one of {DTYPES}")
     _check(c.param_dtype in DTYPES, "param_dtype", c.param_dtype, f"must be one of {DTYPES}")
-    _check(c.moe_dispatch in MOE_DISPATCHES, "moe_dispatch", c.moe_dispatch,
-           f"must be one of {MOE_DISPATCHES}")  # fmt: skip
+    _check(c.moe_dispatch in (AUTO, *MOE_DISPATCHES), "moe_dispatch", c.moe_dispatch,
+           f"must be {AUTO!r} or one of {MOE_DISPATCHES}")  # fmt: skip
     _check(c.remat in REMAT_POLICIES, "remat", c.remat, f"must be one of {REMAT_POLICIES}")
     _check(c.moe_block_size > 0, "moe_block_size", c.moe_block_size, "must be positive")
     _check(c.moe_capacity_factor > 0, "moe_capacity_factor", c.moe_capacity_factor,
@@ -328,7 +356,7 @@ def _validate_runtime(c: QwenConfig) -> None:
            "must be positive")  # fmt: skip
     _check(c.deltanet_chunk_size > 0, "deltanet_chunk_size", c.deltanet_chunk_size,
            "must be positive")  # fmt: skip
-    _check(c.scan_unroll > 0, "scan_unroll", c.scan_unroll, "must be positive")
+    _check(c.scan_unroll >= 0, "scan_unroll", c.scan_unroll, "must be >= 0 (0: auto)")
 
 
 def _qwen3_5_35b_a3b(**extra: Any) -> QwenConfig:

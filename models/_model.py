@@ -116,7 +116,7 @@ class Qwen(nnx.Module):
     """
 
     def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
-        c = config
+        c = config.resolved()  # "auto" runtime values made concrete for this backend
         self.config = c
         pd = P.to_dtype(c.param_dtype)
         self.embed = P.normal(

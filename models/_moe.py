@@ -204,7 +204,7 @@ class MoE(nnx.Module):
     """Routed SwiGLU experts plus, for Qwen3.5, the sigmoid-gated shared expert."""
 
     def __init__(self, config: QwenConfig):
-        c = config
+        c = config.resolved()  # "auto" dispatch made concrete for this backend
         self.config = c
         pd = P.to_dtype(c.param_dtype)
         std = c.initializer_range

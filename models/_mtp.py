@@ -80,7 +80,7 @@ class MTPHead(nnx.Module):
 
     def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
         check_mtp_config(config)
-        c = config
+        c = config.resolved()  # "auto" runtime values made concrete for this backend
         self.config = c
         pd = P.to_dtype(c.param_dtype)
         norm = dict(eps=c.rms_norm_eps, offset=c.norm_offset, param_dtype=pd)

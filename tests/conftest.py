@@ -1,10 +1,14 @@
 """Test-wide setup: 8 fake CPU devices for sharding tests, and the `accelerator` marker.
 
 `XLA_FLAGS` must be set before JAX initialises its backends, so this runs at conftest import,
-before any test module imports jax.
+before any test module imports jax. The test process runs hundreds of unrelated programs, so
+it does not keep freed host memory at its peak as a training process does
+(`hat_jax.host_memory`; tests that check that setting pass it explicitly).
 """
 
 import os
+
+os.environ.setdefault("HAT_JAX_RETAIN_HOST_MEMORY", "0")
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from hat_jax import host_memory
 from hat_jax.checkpoint import CheckpointManager
 from hat_jax.metrics import METRICS_FILE, read_metrics
 from hat_jax.sharding import (
@@ -225,6 +226,9 @@ class StageDriver:
         derive_metrics: Callable[[Mapping[str, float]], Mapping[str, float]] | None = None,
         mesh: jax.sharding.Mesh | None = None,
     ):
+        # CPU: freed host memory stays in the process, so steps do not page-fault their
+        # buffers back in (`hat_jax.host_memory`; HAT_JAX_RETAIN_HOST_MEMORY=0 turns it off).
+        host_memory.retain_freed_memory()
         self.config, self.run_dir = config, pathlib.Path(run_dir)
         self.mesh = mesh or make_mesh(config.mesh)
         tcfg = config.trainer

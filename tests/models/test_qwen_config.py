@@ -31,11 +31,28 @@ TINY = QwenConfig.preset("tiny")
         ({"hidden_size": 0}, "hidden_size"),
         ({"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size"),
         ({"norm_topk_prob": False}, "norm_topk_prob"),
+        ({"scan_unroll": -1}, "scan_unroll"),
     ],
 )
 def test_invalid_configs_name_the_field(changes, field):
     with pytest.raises(ValueError, match=rf"QwenConfig\.{field}="):
         TINY.replace(**changes)
+
+
+def test_auto_runtime_values_resolve_per_backend_and_explicit_ones_stay():
+    deep = TINY.replace(num_layers=40, layer_types=TINY.layer_types * 10)  # 10 blocks
+    assert (TINY.moe_dispatch, TINY.scan_unroll) == ("auto", 0)  # the defaults
+    cpu, gpu, tpu = deep.resolved("cpu"), deep.resolved("gpu"), deep.resolved("tpu")
+    assert (cpu.moe_dispatch, cpu.scan_unroll) == ("capacity", 8)
+    assert (gpu.moe_dispatch, gpu.scan_unroll) == ("ragged", 1)
+    assert (tpu.moe_dispatch, tpu.scan_unroll) == ("ragged", 1)
+    assert TINY.resolved("cpu").scan_unroll == 1  # one block: nothing to unroll
+    explicit = deep.replace(moe_dispatch="sorted", scan_unroll=2)
+    assert explicit.resolved("cpu") == explicit and explicit.resolved("gpu") == explicit
+    # A model resolves its config when built: `model.config` says what runs here.
+    model = nnx.eval_shape(lambda: Qwen(deep, rngs=nnx.Rngs(0)))
+    assert model.config == deep.resolved(jax.default_backend())
+    assert model.blocks.layers[0].moe.config.moe_dispatch == model.config.moe_dispatch
 
 
 def test_qwen3_moe_rejects_qwen3_5_only_parts():

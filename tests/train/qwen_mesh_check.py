@@ -79,7 +79,9 @@ def run(layout: str, params, config, batch, out: pathlib.Path) -> None:
 
 def main(out_dir: str) -> None:
     out = pathlib.Path(out_dir)
-    config = models.QwenConfig.preset("tiny")
+    # The block-loop dispatch (its expert-parallel variant is the memory-lean gathered loop);
+    # the capacity grid under a mesh: tests/train/test_moe_local.py.
+    config = models.QwenConfig.preset("tiny", moe_dispatch="sorted")
     with nnx.use_eager_sharding(False):
         params = nnx.state(models.Qwen(config, rngs=nnx.Rngs(0)), nnx.Param)
     batch = next(
