@@ -43,6 +43,8 @@ class TeacherConfig:
       kind: "scripted" (the simulator's gold teacher) or "openai" (any OpenAI-compatible
         chat-completions endpoint).
       base_url, model, api_key: the endpoint (kind "openai").
+      server_extensions: send SGLang's `chat_template_kwargs` and `separate_reasoning` fields
+        (kind "openai"; off for hosted APIs that reject them).
       temperature, max_tokens: its sampling.
       inject_fraction: share of scripted episodes with one deliberate, Hook-caught mistake.
     """
@@ -51,6 +53,7 @@ class TeacherConfig:
     base_url: str = ""
     model: str = ""
     api_key: str | None = None
+    server_extensions: bool = False
     temperature: float = 0.7
     max_tokens: int = 2048
     inject_fraction: float = 0.15
@@ -130,6 +133,8 @@ class Outcome:
     rewards: dict[str, float]
     reason: str  # "kept" or why it was filtered
     retry_history: str = "none"
+    # The teacher endpoint's calls, retries and failures in this episode ({}: no endpoint).
+    teacher_calls: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class _Episodes:
@@ -152,7 +157,10 @@ class _Episodes:
             return self.room.teacher(inject=inject)
         if self._policy is None:
             self._policy = hx.OpenAICompatPolicy(
-                base_url=t.base_url, model=t.model, api_key=t.api_key
+                base_url=t.base_url,
+                model=t.model,
+                api_key=t.api_key,
+                server_extensions=t.server_extensions,
             )
         return self._policy
 
@@ -203,10 +211,14 @@ class _Episodes:
             max_tokens=c.teacher.max_tokens,
             seed=_seed(c.seed, "sampling", scenario.id, k) % 2**31,
         )
+        before = _call_counts(policy)
         ep = self.room.run(
             policy, scenario, seed=_seed(c.seed, scenario.id, k), state=state, sampling=sampling
         )
-        return self.judge(ep, scenario, k, state, dims, inject, rng)
+        out = self.judge(ep, scenario, k, state, dims, inject, rng)
+        after = _call_counts(policy)
+        out.teacher_calls = {name: after[name] - before.get(name, 0) for name in after}
+        return out
 
     def judge(self, ep, scenario, k, state, dims, inject, rng) -> Outcome:
         c, r = self.config, ep.rewards
@@ -254,6 +266,12 @@ class _Episodes:
             return out
         out.retry_history = out.record["retry_history"]
         return out
+
+
+def _call_counts(policy) -> dict[str, int]:
+    """The teacher endpoint's call counts so far ({} for a teacher without an endpoint)."""
+    stats = getattr(policy, "stats", None)
+    return stats.to_dict() if stats is not None else {}
 
 
 _WORKER: _Episodes | None = None
@@ -312,8 +330,10 @@ def generate(
 
 
 class CorpusStats:
-    """Counts kept and filtered episodes per family, per HSA dimension and per reason, and mean
-    rewards per reward dimension (over all episodes and over kept ones)."""
+    """Counts kept and filtered episodes per family, per HSA dimension and per reason, mean
+    rewards per reward dimension (over all episodes and over kept ones), and the teacher
+    endpoint's calls, retries and failed calls (an OpenAI-compatible teacher: a turn that failed
+    after its retries ends the episode without a valid reply)."""
 
     def __init__(self):
         self.total = collections.Counter()
@@ -324,9 +344,11 @@ class CorpusStats:
         self.reward_sums: dict[str, collections.Counter] = collections.defaultdict(
             collections.Counter
         )
+        self.teacher = collections.Counter()
 
     def add(self, o: Outcome) -> None:
         kept = o.reason == "kept"
+        self.teacher.update(o.teacher_calls)
         for counter in (self.total, self.family[o.family]):
             counter["episodes"] += 1
             counter["kept" if kept else "filtered"] += 1
@@ -352,6 +374,7 @@ class CorpusStats:
             "per_family": {f: dict(c) for f, c in sorted(self.family.items())},
             "per_dimension": {d: dict(c) for d, c in sorted(self.dimension.items())},
             "mean_rewards": {g: means(c) for g, c in self.reward_sums.items()},
+            "teacher_calls": dict(self.teacher),
         }
 
     def markdown(self, title: str) -> str:
@@ -371,6 +394,9 @@ class CorpusStats:
         lines += _table(d["per_dimension"])
         lines += ["", "## Filter reasons and retry histories", ""]
         lines += [f"- {k}: {v}" for k, v in sorted(reasons.items())] or ["- none"]
+        if d["teacher_calls"]:
+            lines += ["", "## Teacher endpoint", ""]
+            lines += [f"- {k}: {v}" for k, v in d["teacher_calls"].items()]
         lines += ["", "## Mean rewards", "", "| | " + " | ".join(names) + " |"]
         lines.append("|---|" + "---:|" * len(names))
         for group, m in rewards.items():

@@ -10,7 +10,6 @@ the `model` block adds the runtime fields (dtypes, MoE dispatch, attention, rema
 
 from __future__ import annotations
 
-import logging
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import models
 from hat_jax import host_memory, sharding, train
 from hat_jax.checkpoint import read_model_config, restore_params
+from launch import _logs
 
 KINDS = ("random", "hf", "orbax")
 _NOT_RUNTIME = ("preset", "vocab_size")
@@ -37,11 +37,11 @@ def define_flags(default_config: str) -> dict[str, Any]:
 
 
 def run_main(stage: str, run: Callable, summary: Callable, defined: dict[str, Any]) -> None:
-    """The body of every stage's main: quiet absl logs, `jax.distributed` when launched as
+    """The body of every stage's main: quiet library logs, `jax.distributed` when launched as
     several processes, (CPU) freed host memory kept in the process, the run, its summary."""
     import jax
 
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    _logs.quiet()
     sharding.initialize_distributed()
     host_memory.retain_freed_memory()  # CPU: no page faults re-touching each step's buffers
     result = run(defined["config"].value, run_dir=defined["run_dir"].value)

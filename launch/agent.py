@@ -3,11 +3,12 @@
   python -m launch.agent --comment "how much is the serum?"
   python -m launch.agent --comments_file comments.jsonl --mode multi
   python -m launch.agent --comment "any coupons?" --policy openai \
-      --base_url http://localhost:30000/v1 --model hat-policy
+      --base_url http://localhost:30000/v1 --model hat-policy --server_extensions
 
 `--comments_file` takes plain text (one comment per line) or JSONL
 (`{"text", "viewer_id", "handle", "ts"}`). The default policy is the offline rule-based baseline;
-`--policy openai` uses any OpenAI-compatible endpoint. Marketing tools come from the bundled MCP
+`--policy openai` uses any OpenAI-compatible endpoint (`--server_extensions` for SGLang's request
+fields, which `--enable_thinking` needs). Marketing tools come from the bundled MCP
 service, discovered at start-up (`--mcp stdio|inprocess|<url>|none`).
 """
 
@@ -19,6 +20,7 @@ import pathlib
 from absl import app, flags
 
 from hat_jax import harness as hx
+from launch import _logs
 
 _WORLD = flags.DEFINE_string("world", str(hx.default_world_dir()), "World folder with harness/.")
 _COMMENT = flags.DEFINE_string("comment", None, "One viewer comment to answer.")
@@ -43,7 +45,12 @@ _KEY_ENV = flags.DEFINE_string(
 )
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.7, "Sampling temperature (openai policy).")
 _THINKING = flags.DEFINE_bool(
-    "enable_thinking", True, "Ask the server for reasoning (openai policy)."
+    "enable_thinking", True, "Ask the server for reasoning (openai policy, --server_extensions)."
+)
+_EXTENSIONS = flags.DEFINE_bool(
+    "server_extensions",
+    False,
+    "Send SGLang's chat_template_kwargs and separate_reasoning (not for hosted APIs).",
 )
 _MCP = flags.DEFINE_string(
     "mcp", "stdio", "Marketing MCP service: stdio, inprocess, an http(s) URL, or none."
@@ -86,6 +93,7 @@ def _mcp(world_dir: str):
 
 def main(argv):
     del argv
+    _logs.quiet()
     world, harness = hx.load_world(_WORLD.value), hx.load(_WORLD.value)
     state = hx.HarnessState(harness=harness)
     comments = _comments(world)
@@ -97,7 +105,10 @@ def main(argv):
         policy = hx.RuleBasedPolicy(state, world)
     else:
         policy = hx.OpenAICompatPolicy(
-            base_url=_BASE_URL.value, model=_MODEL.value, api_key=os.environ.get(_KEY_ENV.value)
+            base_url=_BASE_URL.value,
+            model=_MODEL.value,
+            api_key=os.environ.get(_KEY_ENV.value),
+            server_extensions=_EXTENSIONS.value,
         )
     limits = hx.Limits(
         max_rounds=_ROUNDS.value, budget_s=_BUDGET.value, tool_timeout_s=_TOOL_TIMEOUT.value
@@ -127,6 +138,8 @@ def main(argv):
             )
     path = hx.write_trajectories(_OUT.value, trajectories)
     print(f"{len(trajectories)} trajectories written to {path}")
+    if isinstance(policy, hx.OpenAICompatPolicy):
+        print(f"policy endpoint: {policy.stats.to_dict()}")
 
 
 def traj_comments(traj: hx.Trajectory) -> list[hx.Comment]:

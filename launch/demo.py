@@ -29,6 +29,7 @@ import time
 from absl import app, flags
 
 from hat_jax import files, host_memory
+from launch import _logs
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Where the demo writes its outputs.")
 _STEPS = flags.DEFINE_integer("steps", None, "SFT steps (default: configs/sft_demo.py's).")
@@ -162,6 +163,7 @@ STAGES = [
 
 def main(argv):
     del argv
+    _logs.quiet()
     host_memory.retain_freed_memory()  # CPU: no page faults re-touching each step's buffers
     workdir = pathlib.Path(_WORKDIR.value)
     if _FRESH.value and workdir.exists():

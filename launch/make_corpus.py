@@ -3,7 +3,8 @@
   python -m launch.make_corpus --out runs/corpus                        # HSA-SFT, scripted teacher
   python -m launch.make_corpus --out runs/corpus_fixed --states original --states_per_scenario 1
   python -m launch.make_corpus --out runs/corpus --teacher openai \
-      --base_url http://localhost:30000/v1 --model teacher-model --num_scenarios 500
+      --base_url http://localhost:30000/v1 --model teacher-model --num_scenarios 500 \
+      --server_extensions                                  # SGLang's request fields
 
 For each scenario of each `--splits` split: K Harness states (the original plus K-1 fresh
 augmentations, or only the original for the Fixed-Harness ablation), one teacher episode in each
@@ -19,6 +20,7 @@ import sys
 from absl import app, flags
 
 import data
+from launch import _logs
 
 _OUT = flags.DEFINE_string("out", "runs/corpus", "Corpus directory.")
 _SPLITS = flags.DEFINE_list("splits", ["train"], "Scenario splits to generate (train, dev, test).")
@@ -46,6 +48,11 @@ _INJECT = flags.DEFINE_float(
 _BASE_URL = flags.DEFINE_string("base_url", "http://localhost:30000/v1", "OpenAI-compatible root.")
 _MODEL = flags.DEFINE_string("model", "", "Teacher model name (--teacher openai).")
 _KEY_ENV = flags.DEFINE_string("api_key_env", "OPENAI_API_KEY", "Env variable with the API key.")
+_EXTENSIONS = flags.DEFINE_bool(
+    "server_extensions",
+    False,
+    "Send SGLang's chat_template_kwargs and separate_reasoning (not for hosted APIs).",
+)
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.7, "Teacher sampling temperature.")
 _SHARDS = flags.DEFINE_integer("num_shards", 4, "ArrayRecord shards per split.")
 _WORKERS = flags.DEFINE_integer("workers", 1, "Processes running episodes.")
@@ -58,6 +65,7 @@ def _config(split: str) -> data.CorpusConfig:
         base_url=_BASE_URL.value if _TEACHER.value == "openai" else "",
         model=_MODEL.value,
         api_key=os.environ.get(_KEY_ENV.value),
+        server_extensions=_EXTENSIONS.value,
         temperature=_TEMPERATURE.value,
         inject_fraction=_INJECT.value if _TEACHER.value == "scripted" else 0.0,
     )
@@ -79,6 +87,7 @@ def _config(split: str) -> data.CorpusConfig:
 
 def main(argv):
     del argv
+    _logs.quiet()
     for split in _SPLITS.value:
         config = _config(split)
         total = len(data.corpus_scenario_ids(config))
@@ -91,11 +100,16 @@ def main(argv):
         manifest = data.write_corpus(
             config, _OUT.value, num_shards=_SHARDS.value, workers=_WORKERS.value, progress=progress
         )
-        t = manifest["stats"]["total"]
+        t, calls = manifest["stats"]["total"], manifest["stats"]["teacher_calls"]
         print(
             f"{split}: kept {t.get('kept', 0)} of {t.get('episodes', 0)} episodes "
             f"in {manifest['seconds']} s -> {_OUT.value}/{split}.stats.md"
         )
+        if calls:
+            print(
+                f"{split}: teacher made {calls['calls']} calls, {calls['retries']} retries, "
+                f"{calls['failures']} failed for good"
+            )
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
+from launch import _logs
+
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/sft_qwen3_6_35b_a3b.py")
 _SETUPS = flags.DEFINE_list("setups", ["8x96", "16x80"], "<devices>x<GiB per device> each.")
 _LAYOUTS = flags.DEFINE_list("layouts", ["fsdp", "fsdp_bf16"], "Mesh layouts to compile.")
@@ -138,6 +140,7 @@ def _plan(c, devices: int, layout: str):
 
 def main(argv):
     del argv
+    _logs.quiet()
     setups = [tuple(float(x) for x in s.split("x")) for s in _SETUPS.value]
     most = max(int(d) for d, _ in setups)
     flags_ = [f"--xla_force_host_platform_device_count={most}"]

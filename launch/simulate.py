@@ -2,7 +2,8 @@
 
   python -m launch.simulate --episodes 200                       # scripted teacher, train split
   python -m launch.simulate --policy rules --split test --dims all --faults 0.1,0.1,0.05
-  python -m launch.simulate --policy openai --base_url http://localhost:30000/v1 --model hat
+  python -m launch.simulate --policy openai --base_url http://localhost:30000/v1 --model hat \
+      --server_extensions                                        # SGLang's request fields
   python -m launch.simulate --export_scenarios runs/sim/scenarios.jsonl --episodes 0
 
 Each episode draws a scenario (family weights from `--proportions`), a Harness state (HSA over
@@ -21,6 +22,7 @@ from absl import app, flags
 
 from hat_jax import files
 from hat_jax import harness as hx
+from launch import _logs
 from rl import sim
 
 _SPLIT = flags.DEFINE_enum("split", "train", list(sim.SPLITS), "Scenario split.")
@@ -30,6 +32,11 @@ _POLICY = flags.DEFINE_enum("policy", "teacher", ["teacher", "rules", "openai"],
 _BASE_URL = flags.DEFINE_string("base_url", "http://localhost:30000/v1", "OpenAI API root.")
 _MODEL = flags.DEFINE_string("model", "default", "Model name for --policy openai.")
 _KEY_ENV = flags.DEFINE_string("api_key_env", "OPENAI_API_KEY", "Variable holding the API key.")
+_EXTENSIONS = flags.DEFINE_bool(
+    "server_extensions",
+    False,
+    "Send SGLang's chat_template_kwargs and separate_reasoning (not for hosted APIs).",
+)
 _DIMS = flags.DEFINE_string("dims", "all", "HSA dimensions: all, none, or e.g. skill_id,hook.")
 _STRENGTH = flags.DEFINE_float("strength", 0.5, "HSA strength in [0, 1].")
 _ORIGINAL = flags.DEFINE_float("original_fraction", 0.25, "Share of episodes on Harness v0.")
@@ -66,12 +73,16 @@ def _policy(room: sim.LiveRoom):
     if _POLICY.value == "rules":
         return lambda scenario, state: hx.RuleBasedPolicy(state, room.world)
     return hx.OpenAICompatPolicy(
-        base_url=_BASE_URL.value, model=_MODEL.value, api_key=os.environ.get(_KEY_ENV.value)
+        base_url=_BASE_URL.value,
+        model=_MODEL.value,
+        api_key=os.environ.get(_KEY_ENV.value),
+        server_extensions=_EXTENSIONS.value,
     )
 
 
 def main(argv):
     del argv
+    _logs.quiet()
     out = pathlib.Path(_OUT.value)
     if _EXPORT.value:
         path = sim.write_scenarios(_EXPORT.value, sim.default_scenarios())
@@ -109,6 +120,8 @@ def main(argv):
         values = " ".join(f"{row[d]:10.3f}" for d in _DIMS4)
         print(f"{family:20s} {row['episodes']:4d} {values}")
     print(f"{len(records)} episodes written to {out}")
+    if isinstance(policy, hx.OpenAICompatPolicy):
+        print(f"policy endpoint: {policy.stats.to_dict()}")
 
 
 _DIMS4 = ("accuracy", "effectiveness", "tool_rationality", "skill_selection")

@@ -1,9 +1,14 @@
 """`OpenAICompatPolicy`: a policy served by any `/v1/chat/completions` endpoint.
 
 Works with SGLang (`--tool-call-parser qwen3_coder --reasoning-parser qwen3`), vLLM and hosted
-APIs. Structured tool calls from the server are used as they come; when a server returns tool
-calls as raw text instead, `hat_jax.chat_format.parse` recovers them. Arguments that are not a
-JSON object become parse errors, which the `well_formed_output` hook answers.
+APIs. The request is a plain OpenAI one unless `server_extensions=True` adds SGLang's
+`chat_template_kwargs` (thinking on or off per turn) and `separate_reasoning`, which strict
+hosted APIs reject. Transient failures (HTTP 429 and 5xx, timeouts, lost connections) are
+retried (see `hat_jax.llm_client.post_chat`); `stats` counts calls, retries and failures.
+
+Structured tool calls from the server are used as they come; when a server returns tool calls
+as raw text instead, `hat_jax.chat_format.parse` recovers them. Arguments that are not a JSON
+object become parse errors, which the `well_formed_output` hook answers.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from hat_jax import chat_format
+from hat_jax import chat_format, llm_client
 from hat_jax.harness._errors import PolicyError
 from hat_jax.harness._policy import AssistantTurn, SamplingParams, ToolCall
 
@@ -93,9 +98,16 @@ class OpenAICompatPolicy:
       base_url: the API root, e.g. `http://localhost:30000/v1`.
       model: the model name the server expects.
       api_key: sent as a bearer token when given.
-      timeout_s: HTTP timeout per request (the loop also enforces its trajectory budget).
+      timeout_s: HTTP timeout per attempt (the loop also enforces its trajectory budget).
       extra_body: extra request fields (e.g. `{"top_k": 20}`).
+      server_extensions: also send SGLang's `chat_template_kwargs` (`enable_thinking` from the
+        sampling parameters) and `separate_reasoning`; off for hosted APIs that reject unknown
+        fields.
+      retry: how transient failures are retried (default: `llm_client.DEFAULT_RETRY`).
       transport: an `httpx` transport (tests).
+
+    Attributes:
+      stats: `llm_client.CallStats` of every turn requested (calls, retries, failures).
     """
 
     def __init__(
@@ -106,10 +118,15 @@ class OpenAICompatPolicy:
         api_key: str | None = None,
         timeout_s: float = 30.0,
         extra_body: Mapping[str, Any] | None = None,
+        server_extensions: bool = False,
+        retry: llm_client.RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
     ):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model, self.extra_body = model, dict(extra_body or {})
+        self.server_extensions = server_extensions
+        self.retry = retry or llm_client.DEFAULT_RETRY
+        self.stats = llm_client.CallStats()
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers=headers,
@@ -120,41 +137,41 @@ class OpenAICompatPolicy:
     def close(self) -> None:
         self._client.close()
 
-    def generate(
+    def payload(
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]],
-        sampling: SamplingParams | None = None,
-    ) -> AssistantTurn:
-        sampling = sampling or SamplingParams()
+        sampling: SamplingParams,
+    ) -> dict[str, Any]:
+        """The request body of one turn."""
         payload: dict[str, Any] = {
             "model": self.model,
             "messages": [_to_wire(m) for m in messages],
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "max_tokens": sampling.max_tokens,
-            "chat_template_kwargs": {"enable_thinking": sampling.enable_thinking},
-            "separate_reasoning": True,
-            **self.extra_body,
         }
+        if self.server_extensions:
+            payload["chat_template_kwargs"] = {"enable_thinking": sampling.enable_thinking}
+            payload["separate_reasoning"] = True
+        payload.update(self.extra_body)
         if tools:
             payload.update(tools=list(tools), tool_choice="auto")
         if sampling.seed is not None:
             payload["seed"] = sampling.seed
+        return payload
+
+    def generate(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        sampling: SamplingParams | None = None,
+    ) -> AssistantTurn:
+        payload = self.payload(messages, tools, sampling or SamplingParams())
         try:
-            response = self._client.post("/chat/completions", json=payload)
-        except httpx.TimeoutException as err:
-            raise PolicyError(f"chat completion timed out: {err}") from err
-        except httpx.HTTPError as err:
-            raise PolicyError(f"chat completion failed: {type(err).__name__}: {err}") from err
-        if response.status_code != 200:
-            raise PolicyError(
-                f"chat completion returned HTTP {response.status_code}: {response.text[:300]}"
+            message = llm_client.post_chat(
+                self._client, "/chat/completions", payload, retry=self.retry, stats=self.stats
             )
-        try:
-            message = response.json()["choices"][0]["message"]
-        except (ValueError, KeyError, IndexError, TypeError) as err:
-            raise PolicyError(
-                f"unexpected chat completion response: {response.text[:300]}"
-            ) from err
+        except llm_client.ChatError as err:
+            raise PolicyError(str(err)) from err
         return turn_from_message(message)

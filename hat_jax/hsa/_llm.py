@@ -7,7 +7,8 @@ text and alternative names for each module, and keeps every answer in an on-disk
 own random stream, so a run is deterministic once the cache is warm, and a cache shipped with
 a dataset replays offline. An answer that drops a placeholder, changes a format field, is
 empty or far too long or short is rejected and the fallback rewriter (default: the bundled
-bank) is used instead; rejections are counted in `stats`.
+bank) is used instead; rejections are counted in `stats`, as are the requests' retries and the
+requests that failed for good (transient failures are retried, see `hat_jax.llm_client`).
 """
 
 from __future__ import annotations
@@ -54,8 +55,13 @@ class LLMRewriter:
       api_key: bearer token, if the endpoint needs one.
       fallback: used when the model's answer is rejected (default: `BankRewriter()`).
       descriptions: canonical name -> description, given to the model when naming modules.
-      timeout_s: HTTP timeout per request.
+      timeout_s: HTTP timeout per attempt.
+      retry: how transient failures are retried (default: `llm_client.DEFAULT_RETRY`).
       transport: an `httpx` transport (tests).
+
+    Attributes:
+      stats: counts of `requests`, `cache_hits`, `rejected` answers, `retries` and `failures`
+        (requests without an answer after their retries).
     """
 
     def __init__(
@@ -69,6 +75,7 @@ class LLMRewriter:
         fallback: Rewriter | None = None,
         descriptions: dict[str, str] | None = None,
         timeout_s: float = 60.0,
+        retry: llm_client.RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
     ):
         if variants < 1:
@@ -78,7 +85,9 @@ class LLMRewriter:
         self.fallback = fallback or BankRewriter()
         self.bank = getattr(self.fallback, "bank", None)
         self.descriptions = dict(descriptions or {})
-        self.stats = {"requests": 0, "cache_hits": 0, "rejected": 0}
+        self.stats = {"requests": 0, "cache_hits": 0, "rejected": 0, "retries": 0, "failures": 0}
+        self.retry = retry or llm_client.DEFAULT_RETRY
+        self._calls = llm_client.CallStats()
         self._cache = llm_client.AnswerCache(cache_dir)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
@@ -149,7 +158,12 @@ class LLMRewriter:
             "seed": variant,
             "max_tokens": 512,
         }
-        return llm_client.complete(self._client, "/chat/completions", payload)
+        answer = llm_client.complete(
+            self._client, "/chat/completions", payload, retry=self.retry, stats=self._calls
+        )
+        calls = self._calls.to_dict()
+        self.stats.update(retries=calls["retries"], failures=calls["failures"])
+        return answer
 
 
 def _strip_fence(text: str) -> str:

@@ -7,6 +7,8 @@ of your own with the same two files). A judge's answer must be one JSON object w
 `accuracy` (0/1) and `effectiveness` (0/0.5/1); anything else is recorded as an abstention.
 The panel's label is the majority of the valid votes (ties go to the lower, stricter value);
 Effectiveness takes the median. Answers can be cached on disk so a report is reproducible.
+Transient endpoint failures are retried (see `hat_jax.llm_client`); the panel's `stats` count
+requests, retries and requests that failed for good (those votes are abstentions).
 
 `agreement_report` compares panel labels with the rule-based rewards: agreement rate, Cohen's
 kappa and the confusion matrix per dimension, and each judge's own agreement.
@@ -105,8 +107,12 @@ class JudgePanel:
       judges: the endpoints; an odd number so that a majority exists.
       prompt_dir: folder with `judge_system.md` and `judge_user.md` (default: the bundled ones).
       cache_dir: on-disk cache of answers (None: no cache).
-      timeout_s: HTTP timeout per request.
+      timeout_s: HTTP timeout per attempt.
+      retry: how transient failures are retried (default: `llm_client.DEFAULT_RETRY`).
       transport: an `httpx` transport (tests).
+
+    Attributes:
+      stats: `llm_client.CallStats` of the requests to every judge (cache hits excluded).
     """
 
     def __init__(
@@ -116,6 +122,7 @@ class JudgePanel:
         prompt_dir: str | os.PathLike | None = None,
         cache_dir: str | os.PathLike | None = None,
         timeout_s: float = 60.0,
+        retry: llm_client.RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
     ):
         if not judges or len(judges) % 2 == 0:
@@ -130,6 +137,8 @@ class JudgePanel:
         self.user = env.from_string(source)
         self.judges = tuple(judges)
         self._cache = llm_client.AnswerCache(cache_dir) if cache_dir else None
+        self.retry = retry or llm_client.DEFAULT_RETRY
+        self.stats = llm_client.CallStats()
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s), transport=transport)
 
     def close(self) -> None:
@@ -185,7 +194,9 @@ class JudgePanel:
             "max_tokens": 256,
         }
         url = judge.base_url.rstrip("/") + "/chat/completions"
-        answer = llm_client.complete(self._client, url, payload, api_key=api_key)
+        answer = llm_client.complete(
+            self._client, url, payload, api_key=api_key, retry=self.retry, stats=self.stats
+        )
         if answer is not None and self._cache:
             self._cache.put(key, {"judge": judge.label, "answer": answer})
         return answer

@@ -12,6 +12,7 @@ import pytest
 
 import data
 from hat_jax import harness as hx
+from hat_jax import llm_client
 from tests.data._helpers import REPO
 
 SMALL = dict(num_scenarios=8, states_per_scenario=3, fault_rate=0.15, retry_fraction=0.5, seed=3)
@@ -164,6 +165,59 @@ def test_openai_teacher_and_the_quality_filter(tmp_path):
             data.write_corpus(config, tmp_path, num_shards=1)
         assert not list(tmp_path.glob("*.array_record"))
     finally:
+        server.shutdown()
+
+
+class _FlakyTeacher(_WrongTeacher):
+    """The wrong teacher behind a rate limit: every other request is answered HTTP 429
+    (`down`: every request is answered HTTP 503)."""
+
+    down, count, bodies = False, 0, []
+
+    def do_POST(self):  # noqa: N802 - the http.server API
+        cls = type(self)
+        cls.count += 1
+        if cls.down or cls.count % 2:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            cls.bodies.append(json.loads(body))
+            self.send_response(503 if cls.down else 429)
+            self.send_header("Retry-After", "0")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_POST()
+
+
+def test_teacher_retries_and_failures_are_counted(tmp_path, monkeypatch):
+    fast = llm_client.RetryPolicy(attempts=2, sleep=lambda seconds: None)
+    monkeypatch.setattr(llm_client, "DEFAULT_RETRY", fast)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlakyTeacher)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1"
+        teacher = data.TeacherConfig(kind="openai", base_url=url, model="wrong")
+        config = data.CorpusConfig(
+            states="original", num_scenarios=2, states_per_scenario=1, teacher=teacher
+        )
+        stats = data.CorpusStats()
+        for outcome in data.generate_corpus(config):
+            stats.add(outcome)
+        calls = stats.to_dict()["teacher_calls"]
+        assert calls["calls"] > 0 and calls["retries"] == calls["calls"]
+        assert calls["failures"] == 0
+        assert "chat_template_kwargs" not in _FlakyTeacher.bodies[0]  # a plain OpenAI request
+        _FlakyTeacher.down = True
+        outcomes = list(data.generate_corpus(config))
+        assert {o.reason for o in outcomes} == {"no_valid_reply"}
+        assert all(o.teacher_calls["failures"] == o.teacher_calls["calls"] for o in outcomes)
+        stats = data.CorpusStats()
+        for outcome in outcomes:
+            stats.add(outcome)
+        assert "## Teacher endpoint" in stats.markdown("t") and "- failures: " in stats.markdown(
+            "t"
+        )
+    finally:
+        _FlakyTeacher.down = False
         server.shutdown()
 
 

@@ -6,9 +6,11 @@ import json
 import threading
 import time
 
+import httpx
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import llm_client
 from tests.harness._helpers import turn
 
 C = hx.call
@@ -152,7 +154,9 @@ def test_openai_policy_request_and_response(server, state):
             "tool_calls": [_call("get_price_promotion", {"product_id": "BT-001"})],
         }
     )
-    policy = hx.OpenAICompatPolicy(base_url=server.url, model="hat", api_key="sk-test")
+    policy = hx.OpenAICompatPolicy(
+        base_url=server.url, model="hat", api_key="sk-test", server_extensions=True
+    )
     messages = [
         {"role": "system", "content": "s"},
         {"role": "user", "content": "u"},
@@ -180,9 +184,8 @@ def test_openai_policy_request_and_response(server, state):
     )
     body = req["body"]
     assert body["model"] == "hat" and body["temperature"] == 0.2 and body["seed"] == 7
-    assert (
-        body["chat_template_kwargs"] == {"enable_thinking": False} and body["tool_choice"] == "auto"
-    )
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["separate_reasoning"] is True and body["tool_choice"] == "auto"
     assert len(body["tools"]) == 14
     sent = body["messages"][2]
     assert "reasoning_content" not in sent and json.loads(
@@ -214,7 +217,9 @@ def test_openai_policy_reports_bad_output_as_parse_errors(server):
 
 
 def test_openai_policy_failures(server):
-    policy = hx.OpenAICompatPolicy(base_url=server.url, model="hat", timeout_s=0.3)
+    policy = hx.OpenAICompatPolicy(
+        base_url=server.url, model="hat", timeout_s=0.3, retry=llm_client.NO_RETRY
+    )
     server.reply(status=500, payload={"error": "overloaded"})
     with pytest.raises(hx.PolicyError, match="HTTP 500"):
         policy.generate([{"role": "user", "content": "u"}], [])
@@ -224,7 +229,9 @@ def test_openai_policy_failures(server):
     server.reply(payload={"unexpected": True})
     with pytest.raises(hx.PolicyError, match="unexpected chat completion response"):
         policy.generate([{"role": "user", "content": "u"}], [])
-    dead = hx.OpenAICompatPolicy(base_url="http://127.0.0.1:9/v1", model="hat", timeout_s=0.5)
+    dead = hx.OpenAICompatPolicy(
+        base_url="http://127.0.0.1:9/v1", model="hat", timeout_s=0.5, retry=llm_client.NO_RETRY
+    )
     with pytest.raises(hx.PolicyError, match="failed"):
         dead.generate([{"role": "user", "content": "u"}], [])
 
@@ -252,3 +259,62 @@ def test_openai_policy_in_the_loop(server, state, tools, request_for):
     second = server.requests[1]["body"]["messages"]
     assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "tool"]
     assert json.loads(second[4]["content"])["current_price"] == 149.0
+
+
+def _mock_policy(*responses, **kw):
+    """A policy whose endpoint answers `responses` in order; the waits it would sleep."""
+    queue, bodies, slept = list(responses), [], []
+
+    def handler(request):
+        bodies.append(json.loads(request.content))
+        return queue.pop(0)
+
+    retry = llm_client.RetryPolicy(jitter=0.0, sleep=slept.append)
+    policy = hx.OpenAICompatPolicy(
+        base_url="http://policy.test/v1",
+        model="hat",
+        retry=retry,
+        transport=httpx.MockTransport(handler),
+        **kw,
+    )
+    return policy, bodies, slept
+
+
+def _ok(content="hi"):
+    return httpx.Response(200, json={"choices": [{"message": {"content": content}}]})
+
+
+def test_openai_policy_sends_a_plain_request_unless_extensions_are_on():
+    policy, bodies, _ = _mock_policy(_ok(), _ok())
+    policy.generate([{"role": "user", "content": "u"}], [])
+    assert "chat_template_kwargs" not in bodies[0] and "separate_reasoning" not in bodies[0]
+    assert set(bodies[0]) == {"model", "messages", "temperature", "top_p", "max_tokens"}
+    sglang, bodies, _ = _mock_policy(_ok(), server_extensions=True)
+    sglang.generate(
+        [{"role": "user", "content": "u"}], [], hx.SamplingParams(enable_thinking=False)
+    )
+    assert bodies[0]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert bodies[0]["separate_reasoning"] is True
+
+
+def test_openai_policy_retries_a_rate_limit():
+    limited = httpx.Response(429, headers={"Retry-After": "2"}, text="rate limited")
+    policy, bodies, slept = _mock_policy(limited, _ok("after the wait"))
+    assert policy.generate([{"role": "user", "content": "u"}], []).content == "after the wait"
+    assert len(bodies) == 2 and slept == [2.0]
+    assert policy.stats.to_dict() == {"calls": 1, "retries": 1, "failures": 0}
+
+
+def test_openai_policy_raises_once_the_retries_are_spent():
+    policy, bodies, slept = _mock_policy(*[httpx.Response(503, text="overloaded")] * 4)
+    with pytest.raises(
+        hx.PolicyError,
+        match=r"http://policy.test/v1/chat/completions returned HTTP 503 after 4 attempts",
+    ):
+        policy.generate([{"role": "user", "content": "u"}], [])
+    assert len(bodies) == 4 and slept == [0.5, 1.0, 2.0]
+    assert policy.stats.to_dict() == {"calls": 1, "retries": 3, "failures": 1}
+    bad, bodies, slept = _mock_policy(httpx.Response(400, text="unknown field"))
+    with pytest.raises(hx.PolicyError, match="HTTP 400: unknown field"):
+        bad.generate([{"role": "user", "content": "u"}], [])
+    assert len(bodies) == 1 and slept == []

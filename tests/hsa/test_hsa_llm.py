@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from hat_jax import hsa
+from hat_jax import hsa, llm_client
 
 
 class FakeLLM:
@@ -92,12 +92,16 @@ def test_names_come_from_the_model(fake, tmp_path):
 
 def test_server_failure_falls_back_to_the_bank_and_is_not_cached(fake, tmp_path):
     fake.fail = True
-    rw = hsa.LLMRewriter(base_url=fake.url, model="m", cache_dir=tmp_path)
+    slept = []
+    retry = llm_client.RetryPolicy(attempts=3, jitter=0.0, sleep=slept.append)
+    rw = hsa.LLMRewriter(base_url=fake.url, model="m", cache_dir=tmp_path, retry=retry)
     bank = hsa.default_bank()
     text = "Never pressure viewers with invented scarcity or deadlines."
     out = rw.rewrite("skill.rule", text, random.Random(0))
     assert out in bank.paraphrases("skill.rule", text)
     assert not list(tmp_path.rglob("*.json"))
+    assert len(fake.requests) == 3 and slept == [0.5, 1.0]  # HTTP 500 is retried
+    assert rw.stats["retries"] == 2 and rw.stats["failures"] == 1
     fake.fail = False
     assert rw.rewrite("skill.rule", text, random.Random(0)).startswith("In other words")
 

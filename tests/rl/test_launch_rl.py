@@ -13,7 +13,7 @@ import pytest
 import data
 from configs import rl_demo
 from hat_jax import harness as hx
-from hat_jax import sharding
+from hat_jax import llm_client, sharding
 from hat_jax.checkpoint import CheckpointMismatchError
 from launch import rl as rl_launch
 from rl import rewards, sim
@@ -81,6 +81,7 @@ def test_a_judge_that_is_down_fails_the_step_or_falls_back_to_the_rules_never_ze
     episode = room.run(room.teacher(), seed=3)
     panel = rewards.JudgePanel([rewards.JudgeEndpoint(base_url="http://127.0.0.1:9", model=m)
                                 for m in ("a", "b", "c")],
+                               retry=llm_client.RetryPolicy(attempts=2, sleep=lambda s: None),
                                transport=httpx.MockTransport(_down))  # fmt: skip
     rules = rewards.Rewarder()
     strict = rewards.JudgedRewarder(rules, panel, on_failure="fail")
@@ -90,5 +91,6 @@ def test_a_judge_that_is_down_fails_the_step_or_falls_back_to_the_rules_never_ze
     scored = lenient.score(episode.scenario, episode.trajectory, episode.state)
     assert scored == rules.score(episode.scenario, episode.trajectory, episode.state)
     assert scored.accuracy == 1.0 and lenient.fallbacks == 1
+    assert panel.stats.to_dict() == {"calls": 6, "retries": 6, "failures": 6}
     with pytest.raises(ValueError, match="on_failure='zero'"):
         rewards.JudgedRewarder(rules, panel, on_failure="zero")

@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import llm_client
 from rl import sim
 from rl.rewards import (
     PROMPTS,
@@ -88,6 +89,7 @@ def episodes():
 
 
 def panel(fake, models, **kw):
+    kw.setdefault("retry", llm_client.RetryPolicy(attempts=2, sleep=lambda seconds: None))
     return JudgePanel([JudgeEndpoint(base_url=fake.url, model=m) for m in models], **kw)
 
 
@@ -98,9 +100,12 @@ def test_majority_vote_and_abstentions(fake, episodes):
     assert (v.accuracy, v.effectiveness) == (1.0, 1.0)
     v = p.judge(s, bad.trajectory)
     assert (v.accuracy, v.effectiveness) == (1.0, 0.0)
-    mixed = panel(fake, ["fair", "broken", "down"]).judge(s, good.trajectory)
+    with_down = panel(fake, ["fair", "broken", "down"])
+    mixed = with_down.judge(s, good.trajectory)
     assert (mixed.accuracy, mixed.effectiveness) == (1.0, 1.0)
     assert [x.error is None for x in mixed.votes] == [True, False, False]
+    # "down" answers HTTP 500 twice (one retry), then abstains; "broken" answers, badly.
+    assert with_down.stats.to_dict() == {"calls": 3, "retries": 1, "failures": 1}
     tie = panel(fake, ["fair", "harsh", "broken"]).judge(s, good.trajectory)
     assert (tie.accuracy, tie.effectiveness) == (0.0, 0.0)  # ties go to the stricter label
     none = panel(fake, ["broken"]).judge(s, good.trajectory)
