@@ -1,9 +1,10 @@
 """Atomic file writes and JSONL reading, shared by everything that leaves results on disk.
 
-Trajectories, manifests, reports, corpus statistics, caches and plots are written to a
-temporary file in the target's directory, flushed and fsynced, then moved over the target with
-`os.replace`: a reader, a crash or a preemption never sees a partial file. Checkpoints (Orbax)
-and ArrayRecord shards have their own commit protocols and do not go through here.
+Trajectories, manifests, reports, corpus statistics, caches, plots and Hugging Face exports
+are written to a temporary file in the target's directory, flushed and fsynced, then moved over
+the target with `os.replace`: a reader, a crash or a preemption never sees a partial file.
+Checkpoints (Orbax) and ArrayRecord shards have their own commit protocols and do not go through
+here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, TypeVar
@@ -20,6 +22,12 @@ T = TypeVar("T")
 
 # mkstemp creates 0600 files; results are meant to be read by others on a shared cluster.
 FILE_MODE = 0o644
+
+
+def _temporary(path: pathlib.Path) -> tuple[int, str]:
+    """A new hidden temporary file beside `path` (its directory created if missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
 
 
 @contextlib.contextmanager
@@ -36,8 +44,7 @@ def atomic_open(
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', got {mode!r}")
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temporary(path)
     try:
         os.fchmod(fd, FILE_MODE)
         text = dict(encoding="utf-8", errors=errors, newline="\n") if mode == "w" else {}
@@ -50,6 +57,37 @@ def atomic_open(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: os.PathLike | str) -> Iterator[pathlib.Path]:
+    """A temporary path beside `path`, for writers that take a file name (e.g.
+    `safetensors.numpy.save_file`): when the block exits without an exception the file written
+    there is fsynced and moved over `path`; otherwise it is removed and `path` is untouched.
+    """
+    path = pathlib.Path(path)
+    fd, tmp = _temporary(path)
+    os.close(fd)
+    try:
+        yield pathlib.Path(tmp)
+        os.chmod(tmp, FILE_MODE)  # after the writer, which may have recreated the file
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def copy_file(src: os.PathLike | str, dst: os.PathLike | str) -> pathlib.Path:
+    """Copies the bytes of `src` to `dst` atomically and returns `dst` as a path."""
+    with open(src, "rb") as f, atomic_open(dst, "wb") as out:
+        shutil.copyfileobj(f, out)
+    return pathlib.Path(dst)
 
 
 def write_text(path: os.PathLike | str, text: str) -> pathlib.Path:

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hat_jax.checkpoint import CheckpointError, read_model_config, restore_params, save_params
+from hat_jax.checkpoint import (
+    CheckpointError,
+    describe_mismatch,
+    read_model_config,
+    restore_params,
+    save_params,
+)
 
 
 class _Block(nnx.Module):
@@ -161,3 +167,16 @@ def test_an_explicit_unreadable_step_is_an_error_not_a_fallback(tmp_path):
     with pytest.raises(CheckpointMismatchError, match="shape mismatch"):
         manager.restore(abstract.replace(params=wrong), step=1)
     manager.close()
+
+
+def test_describe_mismatch_names_every_problem_once_per_kind():
+    expected = {"a": (2, 3), "b": (4,), "c": (1,)}
+    found = {"a": (2, 4), "b": (4,), "z": (5,)}
+    assert describe_mismatch(expected, found, found_as="file") == [
+        "1 missing: c",
+        "1 unexpected: z",
+        "1 with a shape mismatch: a: file (2, 4) vs expected (2, 3)",
+    ]
+    assert describe_mismatch(expected, expected) == []
+    many = describe_mismatch({f"p{i}": (1,) for i in range(5)}, {}, limit=2)
+    assert many == ["5 missing: p0, p1, ..."]

@@ -55,3 +55,29 @@ def test_binary_mode_and_bad_mode(tmp_path):
     assert (tmp_path / "x.bin").read_bytes() == b"\x00\x01"
     with pytest.raises(ValueError, match="mode"), files.atomic_open(tmp_path / "y", "a"):
         pass
+
+
+def test_atomic_path_moves_a_complete_file_into_place(tmp_path):
+    path = tmp_path / "sub" / "shard.safetensors"
+    with files.atomic_path(path) as tmp:
+        assert tmp.parent == path.parent and tmp.name.endswith(".tmp") and not path.exists()
+        tmp.write_bytes(b"complete")
+    assert path.read_bytes() == b"complete"
+    assert stat.S_IMODE(path.stat().st_mode) == files.FILE_MODE
+    assert [p.name for p in path.parent.iterdir()] == ["shard.safetensors"]
+
+
+def test_atomic_path_failure_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "shard.safetensors"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="mid-write"), files.atomic_path(path) as tmp:
+        tmp.write_bytes(b"trunc")
+        raise RuntimeError("killed mid-write")
+    assert path.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["shard.safetensors"]
+
+
+def test_copy_file(tmp_path):
+    (tmp_path / "a.json").write_bytes(b'{"x": "\xc3\xa9"}')
+    files.copy_file(tmp_path / "a.json", tmp_path / "out" / "a.json")
+    assert (tmp_path / "out" / "a.json").read_bytes() == b'{"x": "\xc3\xa9"}'

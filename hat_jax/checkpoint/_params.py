@@ -162,23 +162,50 @@ def _flat(tree: Any) -> dict[str, Any]:
     }
 
 
-def _check_target(saved: Mapping[str, Any], target: Any, where: pathlib.Path) -> None:
-    """Raises a `CheckpointError` naming every missing, extra or mis-shaped parameter."""
-    flat_saved, flat_target = _flat(saved), _flat(target)
-    missing = sorted(set(flat_target) - set(flat_saved))
-    extra = sorted(set(flat_saved) - set(flat_target))
+def describe_mismatch(
+    expected: Mapping[str, tuple[int, ...]],
+    found: Mapping[str, tuple[int, ...]],
+    *,
+    found_as: str = "found",
+    limit: int = 40,
+) -> list[str]:
+    """The missing, unexpected and mis-shaped names of `found` against `expected`, one line
+    per kind (empty when they match); shared by checkpoint restores and HF loading.
+
+    Args:
+      expected: name -> shape that should be there.
+      found: name -> shape that is there.
+      found_as: what `found` is, in the shape lines (e.g. "checkpoint", "file").
+      limit: names listed per kind; the count is always the full one.
+    """
+
+    def listed(items: list[str], sep: str) -> str:
+        return sep.join(items[:limit]) + (f"{sep}..." if len(items) > limit else "")
+
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
     shapes = [
-        f"{name}: checkpoint {tuple(flat_saved[name].shape)} vs target {tuple(leaf.shape)}"
-        for name, leaf in flat_target.items()
-        if name in flat_saved and tuple(flat_saved[name].shape) != tuple(leaf.shape)
+        f"{name}: {found_as} {tuple(found[name])} vs expected {tuple(shape)}"
+        for name, shape in expected.items()
+        if name in found and tuple(found[name]) != tuple(shape)
     ]
     problems = []
     if missing:
-        problems.append(f"missing from the checkpoint: {', '.join(missing[:20])}")
+        problems.append(f"{len(missing)} missing: {listed(missing, ', ')}")
     if extra:
-        problems.append(f"in the checkpoint but not in the target: {', '.join(extra[:20])}")
+        problems.append(f"{len(extra)} unexpected: {listed(extra, ', ')}")
     if shapes:
-        problems.append("shape mismatch: " + "; ".join(shapes[:20]))
+        problems.append(f"{len(shapes)} with a shape mismatch: {listed(shapes, '; ')}")
+    return problems
+
+
+def _check_target(saved: Mapping[str, Any], target: Any, where: pathlib.Path) -> None:
+    """Raises a `CheckpointMismatchError` naming every missing, extra or mis-shaped parameter."""
+    problems = describe_mismatch(
+        {name: leaf.shape for name, leaf in _flat(target).items()},
+        {name: leaf.shape for name, leaf in _flat(saved).items()},
+        found_as="checkpoint",
+    )
     if problems:
         raise CheckpointMismatchError(
             f"parameters in {where} do not match the target: " + " | ".join(problems)

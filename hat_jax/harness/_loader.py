@@ -8,6 +8,13 @@ Layout (`data/livestream/harness/` is the bundled v0):
     hooks.yaml              hooks per lifecycle point, retry budget, fallback
     skills/<name>/SKILL.md  Agent-Skills modules (YAML front matter + numbered rules)
 
+A plain Agent Skills folder loads too: its front matter needs only `name` (equal to the folder)
+and `description`; this project's fields default to `metadata.version` "1.0.0",
+`metadata.kind` "strategy" (so a generic Skill never stands in for the Reply Skill a
+substantive reply requires; set `kind: reply` to make it one), no `metadata.critical-rules`
+and no `allowed-tools`. Numbered rules are required only of Skills that set `metadata.kind`;
+a plain Skill's body without them is kept as its intro text.
+
 Every problem found is reported at once, each naming the file and the field, so an operator can
 fix a broken edit in one pass. `validate` re-runs the cross-module checks on any Harness (for
 example one produced by HSA).
@@ -48,6 +55,8 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n(.*))?\Z", re.DOTALL)
 _RULE_LINE = re.compile(r"^(\d+)[.)]\s+(.*)$")
 ROOM_FIELDS = ("host_name", "title", "room_id", "now")
+DEFAULT_SKILL_VERSION = "1.0.0"
+DEFAULT_SKILL_KIND = "strategy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +152,7 @@ def _string_list(r: _Reader, data, key: str, path: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _parse_body(text: str, rel: str, name: str, problems: list[Problem]):
+def _parse_body(text: str, rel: str, problems: list[Problem], *, require_rules: bool):
     title, intro, rules = "", [], []
     for line in text.splitlines():
         stripped = line.strip()
@@ -158,9 +167,9 @@ def _parse_body(text: str, rel: str, name: str, problems: list[Problem]):
         elif stripped or intro:
             intro.append(stripped)
     numbers = [n for n, _ in rules]
-    if not rules:
+    if not rules and require_rules:
         problems.append(Problem(rel, "body", "no numbered rules ('1. ...') found"))
-    elif numbers != list(range(1, len(rules) + 1)):
+    elif rules and numbers != list(range(1, len(rules) + 1)):
         problems.append(
             Problem(
                 rel, "body", f"rules must be numbered 1..{len(rules)} in order, found {numbers}"
@@ -170,7 +179,8 @@ def _parse_body(text: str, rel: str, name: str, problems: list[Problem]):
 
 
 def load_skill(path: pathlib.Path, rel: str, problems: list[Problem]) -> Skill | None:
-    """Parses one `SKILL.md` (folder name must equal the `name` field)."""
+    """Parses one `SKILL.md` (folder name must equal the `name` field; a plain Agent Skill gets
+    the defaults of this module's docstring)."""
     r = _Reader(rel, problems)
     match = _FRONT_MATTER.match(path.read_text(encoding="utf-8"))
     if not match:
@@ -183,10 +193,14 @@ def load_skill(path: pathlib.Path, rel: str, problems: list[Problem]) -> Skill |
         if meta is not None:
             r.problem("front matter", f"expected a mapping, got {type(meta).__name__}")
         return None
+    for key in ("name", "description"):
+        if meta.get(key) is None:
+            r.problem(key, "missing: every SKILL.md front matter needs a name and a description")
     name = r.get(
         meta,
         "name",
         str,
+        default=None,
         check=lambda v: (
             None
             if _SKILL_NAME.match(v) and len(v) <= 64
@@ -199,24 +213,25 @@ def load_skill(path: pathlib.Path, rel: str, problems: list[Problem]) -> Skill |
         meta,
         "description",
         str,
+        default=None,
         check=lambda v: None if 0 < len(v.strip()) <= 1024 else "must be 1-1024 characters",
     )
-    metadata = r.get(meta, "metadata", Mapping)
-    version = r.get(metadata, "version", (str, int, float), "metadata") if metadata else None
-    kind = (
-        r.get(
-            metadata,
-            "kind",
-            str,
-            "metadata",
-            check=lambda v: None if v in SKILL_KINDS else f"must be one of {SKILL_KINDS}",
-        )
-        if metadata
-        else None
+    metadata = r.get(meta, "metadata", Mapping, default={})
+    version = r.get(
+        metadata, "version", (str, int, float), "metadata", default=DEFAULT_SKILL_VERSION
     )
-    critical = r.get(metadata, "critical-rules", list, "metadata", default=[]) if metadata else []
+    kind = r.get(
+        metadata,
+        "kind",
+        str,
+        "metadata",
+        default=DEFAULT_SKILL_KIND,
+        check=lambda v: None if v in SKILL_KINDS else f"must be one of {SKILL_KINDS}",
+    )
+    critical = r.get(metadata, "critical-rules", list, "metadata", default=[])
     allowed = _string_list(r, meta, "allowed-tools", "")
-    title, intro, rule_texts = _parse_body(match[2] or "", rel, name or "?", problems)
+    body = match[2] or ""
+    title, intro, rule_texts = _parse_body(body, rel, problems, require_rules="kind" in metadata)
     for n in critical:
         if not isinstance(n, int) or not 1 <= n <= len(rule_texts):
             r.problem(

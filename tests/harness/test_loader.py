@@ -1,5 +1,5 @@
-"""Loading Harness v0, immutability and content versioning, and validation errors that name
-the file and the field."""
+"""Loading Harness v0, immutability and content versioning, validation errors that name the
+file and the field, and plain Agent Skills folders (only name and description)."""
 
 import dataclasses
 import json
@@ -191,3 +191,47 @@ def test_validate_derived_harness(harness):
     assert any("no_reply" in p.message for p in hx.validate(no_reply))
     with pytest.raises(ValueError, match="outside"):
         harness.prompt.with_constraint("max_rounds", 9)
+
+
+_PLAIN_FRONT_MATTER = {
+    "name": "size-advice",
+    "description": "Suggest one size from the viewer's height and weight. Use it when a "
+    "comment asks which size to buy.",
+}
+
+
+def _add_plain_skill(root, front_matter) -> None:
+    """An Agent Skills folder: SKILL.md with only the given front matter, a Markdown body
+    without numbered rules, and another file beside it."""
+    folder = root / "skills" / "size-advice"
+    folder.mkdir()
+    body = (
+        "# Size advice\n\nAsk for height and weight when the comment gives neither.\n"
+        "Then suggest one size and say why, in one sentence.\n"
+    )
+    (folder / "SKILL.md").write_text(f"---\n{yaml.safe_dump(front_matter)}---\n{body}")
+    (folder / "reference.md").write_text("Size chart.\n")
+
+
+def test_plain_agent_skill_folder_loads_with_the_defaults(harness_copy):
+    _add_plain_skill(harness_copy, _PLAIN_FRONT_MATTER)
+    harness = hx.load(harness_copy)
+    skill = harness.skill("size-advice")
+    assert skill.description == _PLAIN_FRONT_MATTER["description"]
+    assert (skill.kind, skill.version, skill.allowed_tools, skill.rules) == (
+        "strategy",
+        "1.0.0",
+        (),
+        (),
+    )
+    assert skill.title == "Size advice" and skill.source == "skills/size-advice/SKILL.md"
+    assert skill.intro.startswith("Ask for height") and skill.intro.endswith("in one sentence.")
+    rendered = hx.render_skill(hx.HarnessState(harness=harness), skill)
+    assert "Skill size-advice loaded (strategy)." in rendered and "Ask for height" in rendered
+
+
+@pytest.mark.parametrize("field", ["name", "description"])
+def test_plain_skill_without_name_or_description_names_the_file(harness_copy, field):
+    _add_plain_skill(harness_copy, {k: v for k, v in _PLAIN_FRONT_MATTER.items() if k != field})
+    with pytest.raises(hx.HarnessError, match=rf"skills/size-advice/SKILL.md: {field}: missing"):
+        hx.load(harness_copy)

@@ -1,5 +1,6 @@
 """HF <-> hat-jax conversion: exact round trips, exports that transformers loads with the same
-logits, the SGLang config fields, errors that name tensors, MTP tensors, and the CLI."""
+logits (and generation config), the SGLang config fields, no truncated file after a crash
+mid-export, errors that name tensors, MTP tensors, and the CLI."""
 
 import json
 import logging
@@ -69,6 +70,9 @@ def _logits(model, ids):
 def test_default_export_loads_in_transformers_with_the_same_logits(name, sources, tmp_path):
     hf_model, src = sources[name]
     config, model = load_hf(src, dtype="float32")
+    # Special tokens for generation_config.json (the fixtures set none); Qwen3.5 with an eos list.
+    eos = (2, 3) if config.is_qwen3_5 else 2
+    config = config.replace(bos_token_id=1, eos_token_id=eos, pad_token_id=0)
     out = save_hf(model, config, tmp_path / "export", dtype="float32")
     loaded = transformers.AutoModelForCausalLM.from_pretrained(
         out, attn_implementation="eager", experts_implementation="eager"
@@ -76,6 +80,10 @@ def test_default_export_loads_in_transformers_with_the_same_logits(name, sources
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, 96))
     np.testing.assert_array_equal(_logits(loaded, ids), _logits(hf_model, ids))
     written = json.loads((out / "config.json").read_text())
+    generation = transformers.GenerationConfig.from_pretrained(out)
+    assert (generation.bos_token_id, generation.pad_token_id) == (1, 0)
+    assert generation.eos_token_id == ([2, 3] if config.is_qwen3_5 else 2)
+    _assert_recommended_sampling(generation)
     if config.is_qwen3_5:  # the vision-language wrapper SGLang serves (--language-model-only)
         assert written["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
         text = written["text_config"]
@@ -91,6 +99,12 @@ def test_default_export_loads_in_transformers_with_the_same_logits(name, sources
         assert written["num_experts"] == 8 and "model.layers.0.mlp.experts.7.up_proj.weight" in (
             read_exported(out)
         )
+
+
+def _assert_recommended_sampling(generation) -> None:
+    """The sampling every export recommends (serve/_hf_files.py: Qwen3 thinking mode)."""
+    assert generation.do_sample is True
+    assert (generation.temperature, generation.top_p, generation.top_k) == (0.6, 0.95, 20)
 
 
 def test_load_straight_into_a_sharded_layout(sources):
@@ -115,6 +129,29 @@ def test_bfloat16_export_matches_torch_rounding(sources, tmp_path):
         assert exported[key].dtype == ml_dtypes.bfloat16
         np.testing.assert_array_equal(exported[key].view(np.int16), want, err_msg=key)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_a_crash_mid_export_leaves_no_truncated_file(sources, tmp_path, monkeypatch):
+    _, src = sources["qwen3_moe_per_expert"]
+    config, model = load_hf(src, dtype="float32")
+    written, save_file = [], safetensors.numpy.save_file
+
+    def dies_in_the_second_shard(tensors, filename, metadata=None):
+        written.append(filename)
+        if len(written) == 2:
+            with open(filename, "wb") as f:
+                f.write(b"half a shard")
+            raise RuntimeError("killed mid-write")
+        save_file(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", dies_in_the_second_shard)
+    out = tmp_path / "export"
+    with pytest.raises(RuntimeError, match="mid-write"):
+        save_hf(model, config, out, dtype="float32", max_shard_bytes=100_000)
+    (shard,) = sorted(p.name for p in out.iterdir())
+    assert shard.startswith("model-00001-of-")
+    assert all(str(name).endswith(".tmp") for name in written), "only temporary names written"
+    assert len(safetensors.numpy.load_file(out / shard)) > 0  # complete, or not there at all
 
 
 def _edited_copy(src, dst, edit) -> None:
@@ -156,6 +193,10 @@ def test_cli_round_trip_through_an_orbax_checkpoint(sources, tmp_path):
     tokenizer = tmp_path / "tokenizer"
     tokenizer.mkdir()
     (tokenizer / "tokenizer_config.json").write_text('{"model_max_length": 4096}')
+    # A base checkpoint's own generation config: its end tokens and sampling values are kept.
+    (tokenizer / "generation_config.json").write_text(
+        '{"eos_token_id": [7, 9], "temperature": 0.7}'
+    )
     checkpoint, out = tmp_path / "orbax", tmp_path / "hf"
     convert_main(["from-hf", "--hf_dir", str(src), "--out", str(checkpoint)])
     assert (checkpoint / "model_config.json").is_file()
@@ -167,3 +208,7 @@ def test_cli_round_trip_through_an_orbax_checkpoint(sources, tmp_path):
     assert sorted(exported) == sorted(original)
     assert all(np.array_equal(exported[k], v) for k, v in original.items())
     assert (out / "tokenizer_config.json").read_text() == '{"model_max_length": 4096}'
+    generation = transformers.GenerationConfig.from_pretrained(out)
+    assert generation.eos_token_id == [7, 9]  # the source config sets none; the base's stay
+    assert (generation.temperature, generation.top_p, generation.top_k) == (0.7, 0.95, 20)
+    assert not list(out.glob(".*")), "no temporary file left behind"
