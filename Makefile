@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 # 8 fake CPU devices so sharding code runs on one host (a no-op on accelerators' own devices).
 FAKE_DEVICES := XLA_FLAGS="--xla_force_host_platform_device_count=8 $(XLA_FLAGS)"
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): one per core up to 4; each module stays in one process, so a
+# module's shared fixtures are built once. `make test TEST_WORKERS=0` runs in this process.
+TEST_WORKERS ?= auto
 
 .PHONY: demo test bench lint format lock clean
 
@@ -20,7 +23,8 @@ demo: $(STAMP)
 	$(PY) -m launch.demo
 
 test: $(STAMP)
-	$(FAKE_DEVICES) $(PY) -m pytest $(PYTEST_ARGS)
+	$(FAKE_DEVICES) $(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadscope \
+		--durations 25 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -c requirements.lock -e ".[bench]"

@@ -1,13 +1,11 @@
 """HSA-RL: the rollout rows token by token (multi-round episodes with tool results, Hook
 retries and a fallback), advantages equal to `rl.hat_advantages`, a policy that learns a
-synthetic reward, identical reruns, kill-and-resume equality, and 8 devices = 1."""
+synthetic reward (8 devices = 1: `test_rl_stage_mesh.py`; reruns and kill-and-resume:
+`test_rl_stage_resume.py`, modules of their own so that they run beside these)."""
 
 import dataclasses
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -18,7 +16,6 @@ import rl
 from data.tokenizer import load_tokenizer
 from hat_jax import chat_format
 from hat_jax import harness as hx
-from hat_jax.checkpoint import CheckpointManager
 from hat_jax.metrics import read_metrics
 from rl.sim import HsaConfig, LiveRoom, SimConfig
 from tests.rl import rl_check
@@ -171,47 +168,3 @@ def test_the_policy_learns_a_synthetic_reward(learned):
     assert "**rewards:**" in (run_dir / "trajectories" / "step_45.md").read_text()
     metadata = json.loads((run_dir / "rl_run.json").read_text())
     assert metadata["limits"]["budget_s"] == 1e6
-
-
-def _metrics(run_dir):
-    timing = ("time", "seconds", "per_second", "data_seconds", "learn_seconds")
-    return [{k: v for k, v in r.items() if not any(t in k for t in timing)}
-            for r in read_metrics(run_dir)]  # fmt: skip
-
-
-@pytest.mark.slow
-def test_two_runs_agree_and_kill_and_resume_repeats_the_losses(tmp_path):
-    config = rl_check.stage_config(steps=6, batch_size=8, checkpoint_every=3, eval_every=0)
-    rl_check.run(tmp_path / "a", config=config)
-    # Rollouts of ~20 rows, 8 rows per update: checkpoint 3 falls inside a rollout, and the
-    # resumed run trains on that rollout's saved rows.
-    with pytest.raises(KeyboardInterrupt):
-        rl_check.run(tmp_path / "b", config=config, fail_at=2)
-    assert CheckpointManager(tmp_path / "b" / "checkpoints").latest_step() == 3
-    result = rl_check.run(tmp_path / "b", config=config)
-    assert result.resumed_from == 3
-    # The same seed gives the same run: every figure but the clocks, the killed-and-resumed
-    # run's too (its records past the checkpoint were dropped and written again).
-    assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
-    assert rl_check.step_losses(tmp_path / "b") == rl_check.step_losses(tmp_path / "a")
-
-
-@pytest.mark.slow
-def test_eight_devices_give_the_losses_of_one(tmp_path):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 --xla_cpu_use_thunk_runtime=false"
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.rl.rl_check", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    figures = json.loads((tmp_path / "losses.json").read_text())
-    one, eight = figures["one"], figures["eight"]
-    assert sorted(one["loss"]) == sorted(eight["loss"]) and len(one["loss"]) == 3
-    assert one["reward/accuracy"] == eight["reward/accuracy"], "the same rollouts"
-    steps = sorted(one["loss"])
-    for key, tol in (("grad_norm", dict(rtol=2e-5)), ("loss", dict(atol=1e-6))):
-        np.testing.assert_allclose([eight[key][k] for k in steps], [one[key][k] for k in steps],
-                                   **tol, err_msg=key)  # fmt: skip
-    assert min(one["grad_norm"].values()) > 0.1

@@ -1,0 +1,34 @@
+"""HSA-RL on 8 fake devices (data 2 x FSDP 4, in a subprocess) gives the rollouts and gradient
+norms of one device; its own module so that it runs beside the other RL tests."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_eight_devices_give_the_losses_of_one(tmp_path):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 --xla_cpu_use_thunk_runtime=false"
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.rl.rl_check", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads((tmp_path / "losses.json").read_text())
+    one, eight = figures["one"], figures["eight"]
+    assert sorted(one["loss"]) == sorted(eight["loss"]) and len(one["loss"]) == 3
+    assert one["reward/accuracy"] == eight["reward/accuracy"], "the same rollouts"
+    steps = sorted(one["loss"])
+    for key, tol in (("grad_norm", dict(rtol=2e-5)), ("loss", dict(atol=1e-6))):
+        np.testing.assert_allclose([eight[key][k] for k in steps], [one[key][k] for k in steps],
+                                   **tol, err_msg=key)  # fmt: skip
+    assert min(one["grad_norm"].values()) > 0.1
