@@ -12,11 +12,13 @@ TEST_WORKERS ?= auto
 
 .PHONY: demo test bench lint format lock clean
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-nodeps.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.lock
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m hat_jax.eval.setup_ifeval
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -43,7 +45,7 @@ lock:
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/pip install --quiet --upgrade pip
-	.venv-lock/bin/pip install --quiet -e ".[test,dev]"
+	.venv-lock/bin/pip install --quiet -e ".[test,dev,eval]"
 	{ sed -n '1,/^# sglang/p' requirements.lock; \
 	  .venv-lock/bin/pip freeze --exclude-editable | sed -E 's/^(torch==[0-9.]+)\+cpu$$/\1/'; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock

@@ -1,3 +1,4 @@
+# Over 400 lines: corpus generation, its filters and its statistics share one outcome record.
 """The HSA-SFT teacher corpus: scenarios x Harness states x a teacher, filtered, written.
 
 For every scenario of a split, K Harness states (the original and K-1 fresh augmentations, or

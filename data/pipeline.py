@@ -1,3 +1,4 @@
+# Over 400 lines: the transforms form one chain whose order is the contract.
 """The Grain pipeline that feeds SFT: records -> packed, batched, per-process token rows.
 
     source (ArrayRecord / JSONL)  ─► this process's records ─► shuffle (per epoch) ─► repeat

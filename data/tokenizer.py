@@ -1,3 +1,4 @@
+# Over 400 lines: building the demo BPE and loading any Qwen tokenizer share the chat-token checks.
 """The demo tokenizer (a small byte-level BPE in Qwen3.5's layout) and `load_tokenizer`.
 
 The demo policy needs a tokenizer that speaks the Qwen3.5 chat format but is small enough for a

@@ -4,6 +4,8 @@
   python -m launch.agent --comments_file comments.jsonl --mode multi
   python -m launch.agent --comment "any coupons?" --policy openai \
       --base_url http://localhost:30000/v1 --model hat-policy --server_extensions
+  python -m launch.agent --comment "is the serum in stock?" --policy jax \
+      --checkpoint runs/demo/sft/checkpoints               # a trained checkpoint (Orbax or HF)
 
 `--comments_file` takes plain text (one comment per line) or JSONL
 (`{"text", "viewer_id", "handle", "ts"}`). The default policy is the offline rule-based baseline;
@@ -20,7 +22,7 @@ import pathlib
 from absl import app, flags
 
 from hat_jax import harness as hx
-from launch import _logs
+from launch import _logs, _policy
 
 _WORLD = flags.DEFINE_string("world", str(hx.default_world_dir()), "World folder with harness/.")
 _COMMENT = flags.DEFINE_string("comment", None, "One viewer comment to answer.")
@@ -35,7 +37,16 @@ _MODE = flags.DEFINE_enum(
 _WINDOW = flags.DEFINE_float(
     "window_s", 30.0, "Multi mode: seconds within which comments can be related."
 )
-_POLICY = flags.DEFINE_enum("policy", "rules", ["rules", "openai"], "Which policy answers.")
+_POLICY = flags.DEFINE_enum("policy", "rules", ["rules", "openai", "jax"], "Which policy answers.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "--policy jax: an Orbax checkpoint or HF directory of a trained policy."
+)
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer_dir", None, "--policy jax: tokenizer (default: the HF directory's, else the demo's)."
+)
+_MAX_LENGTH = flags.DEFINE_integer(
+    "max_length", 8192, "--policy jax: cap on prompt + generated tokens per model call."
+)
 _BASE_URL = flags.DEFINE_string(
     "base_url", "http://localhost:30000/v1", "OpenAI-compatible API root."
 )
@@ -43,7 +54,8 @@ _MODEL = flags.DEFINE_string("model", "default", "Model name for --policy openai
 _KEY_ENV = flags.DEFINE_string(
     "api_key_env", "OPENAI_API_KEY", "Environment variable holding the API key."
 )
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.7, "Sampling temperature (openai policy).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.7, "Sampling temperature (openai, jax).")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 1024, "Token budget per model call.")
 _THINKING = flags.DEFINE_bool(
     "enable_thinking", True, "Ask the server for reasoning (openai policy, --server_extensions)."
 )
@@ -103,6 +115,8 @@ def main(argv):
         groups = [(c,) for c in comments]
     if _POLICY.value == "rules":
         policy = hx.RuleBasedPolicy(state, world)
+    elif _POLICY.value == "jax":
+        policy = _policy.jax_from_flags(_CHECKPOINT.value, _TOKENIZER.value, _MAX_LENGTH.value)
     else:
         policy = hx.OpenAICompatPolicy(
             base_url=_BASE_URL.value,
@@ -113,7 +127,11 @@ def main(argv):
     limits = hx.Limits(
         max_rounds=_ROUNDS.value, budget_s=_BUDGET.value, tool_timeout_s=_TOOL_TIMEOUT.value
     )
-    sampling = hx.SamplingParams(temperature=_TEMPERATURE.value, enable_thinking=_THINKING.value)
+    sampling = hx.SamplingParams(
+        temperature=_TEMPERATURE.value,
+        max_tokens=_MAX_TOKENS.value,
+        enable_thinking=_THINKING.value,
+    )
     trajectories, history = [], []
     with _mcp(_WORLD.value) as mcp:
         tools = hx.builtin_toolbox(world)

@@ -49,6 +49,7 @@ def _environment(workdir: pathlib.Path) -> list[str]:
 
 def _corpus(workdir: pathlib.Path) -> list[str]:
     import data
+    from hat_jax.metrics import Progress
 
     out = workdir / "corpus"
     lines = []
@@ -61,7 +62,12 @@ def _corpus(workdir: pathlib.Path) -> list[str]:
             config = data.CorpusConfig(
                 split=split, num_scenarios=scenarios, states_per_scenario=_STATES.value
             )
-            manifest = data.write_corpus(config, out, num_shards=2)
+            bar = Progress(len(data.corpus_scenario_ids(config)), desc=f"corpus {split}",
+                           unit="scenario")  # fmt: skip
+            try:
+                manifest = data.write_corpus(config, out, num_shards=2, progress=bar.update)
+            finally:
+                bar.close()
         total = manifest["stats"]["total"]
         lines.append(
             f"{split}: kept {total.get('kept', 0)} of {total.get('episodes', 0)} teacher episodes "

@@ -15,11 +15,11 @@ Writes `<split>-NNNNN-of-MMMMM.array_record`, `<split>.jsonl`, `<split>.stats.md
 """
 
 import os
-import sys
 
 from absl import app, flags
 
 import data
+from hat_jax.metrics import Progress
 from launch import _logs
 
 _OUT = flags.DEFINE_string("out", "runs/corpus", "Corpus directory.")
@@ -93,13 +93,12 @@ def main(argv):
         total = len(data.corpus_scenario_ids(config))
         print(f"{split}: {total} scenarios x {config.states_per_scenario} states ({config.states})")
 
-        def progress(n, total=total):
-            if n % 50 == 0 or n == total:
-                print(f"  {n}/{total} scenarios", file=sys.stderr, flush=True)
-
-        manifest = data.write_corpus(
-            config, _OUT.value, num_shards=_SHARDS.value, workers=_WORKERS.value, progress=progress
-        )
+        bar = Progress(total, desc=f"corpus {split}", unit="scenario")
+        try:
+            manifest = data.write_corpus(config, _OUT.value, num_shards=_SHARDS.value,
+                                         workers=_WORKERS.value, progress=bar.update)  # fmt: skip
+        finally:
+            bar.close()
         t, calls = manifest["stats"]["total"], manifest["stats"]["teacher_calls"]
         print(
             f"{split}: kept {t.get('kept', 0)} of {t.get('episodes', 0)} episodes "

@@ -5,6 +5,7 @@
   python -m launch.simulate --policy openai --base_url http://localhost:30000/v1 --model hat \
       --server_extensions                                        # SGLang's request fields
   python -m launch.simulate --export_scenarios runs/sim/scenarios.jsonl --episodes 0
+  python -m launch.simulate --policy jax --checkpoint runs/demo/hf --episodes 20
 
 Each episode draws a scenario (family weights from `--proportions`), a Harness state (HSA over
 `--dims`, the original for `--original_fraction` of episodes) and fault draws, runs the policy in
@@ -23,12 +24,22 @@ from absl import app, flags
 from hat_jax import files
 from hat_jax import harness as hx
 from launch import _logs
+from launch import _policy as _jax
 from rl import sim
 
 _SPLIT = flags.DEFINE_enum("split", "train", list(sim.SPLITS), "Scenario split.")
 _EPISODES = flags.DEFINE_integer("episodes", 100, "Episodes to run.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the first episode (episode k uses seed + k).")
-_POLICY = flags.DEFINE_enum("policy", "teacher", ["teacher", "rules", "openai"], "Policy.")
+_POLICY = flags.DEFINE_enum("policy", "teacher", ["teacher", "rules", "openai", "jax"], "Policy.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "--policy jax: an Orbax checkpoint or HF directory of a trained policy."
+)
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer_dir", None, "--policy jax: tokenizer (default: the HF directory's, else the demo's)."
+)
+_MAX_LENGTH = flags.DEFINE_integer(
+    "max_length", 8192, "--policy jax: cap on prompt + generated tokens per model call."
+)
 _BASE_URL = flags.DEFINE_string("base_url", "http://localhost:30000/v1", "OpenAI API root.")
 _MODEL = flags.DEFINE_string("model", "default", "Model name for --policy openai.")
 _KEY_ENV = flags.DEFINE_string("api_key_env", "OPENAI_API_KEY", "Variable holding the API key.")
@@ -37,6 +48,9 @@ _EXTENSIONS = flags.DEFINE_bool(
     False,
     "Send SGLang's chat_template_kwargs and separate_reasoning (not for hosted APIs).",
 )
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.7, "Sampling temperature (openai, jax).")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 1024, "Token budget per model call.")
+_THINKING = flags.DEFINE_bool("enable_thinking", True, "Ask the policy for reasoning.")
 _DIMS = flags.DEFINE_string("dims", "all", "HSA dimensions: all, none, or e.g. skill_id,hook.")
 _STRENGTH = flags.DEFINE_float("strength", 0.5, "HSA strength in [0, 1].")
 _ORIGINAL = flags.DEFINE_float("original_fraction", 0.25, "Share of episodes on Harness v0.")
@@ -72,6 +86,8 @@ def _policy(room: sim.LiveRoom):
         return room.teacher()
     if _POLICY.value == "rules":
         return lambda scenario, state: hx.RuleBasedPolicy(state, room.world)
+    if _POLICY.value == "jax":
+        return _jax.jax_from_flags(_CHECKPOINT.value, _TOKENIZER.value, _MAX_LENGTH.value)
     return hx.OpenAICompatPolicy(
         base_url=_BASE_URL.value,
         model=_MODEL.value,
@@ -91,7 +107,10 @@ def main(argv):
     policy = _policy(room)
     by_family = collections.defaultdict(list)
     for k in range(_EPISODES.value):
-        ep = room.run(policy, seed=_SEED.value + k)
+        seed = _SEED.value + k
+        sampling = hx.SamplingParams(temperature=_TEMPERATURE.value, max_tokens=_MAX_TOKENS.value,
+                                     enable_thinking=_THINKING.value, seed=seed)  # fmt: skip
+        ep = room.run(policy, seed=seed, sampling=sampling)
         trajectories.append(ep.trajectory)
         scores = ep.rewards.to_dict()
         by_family[ep.scenario.family].append([scores[d] for d in _DIMS4])

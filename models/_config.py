@@ -1,3 +1,4 @@
+# Over 400 lines: most of it is the presets' data; the logic is the validation.
 """`QwenConfig`: the one frozen description of a Qwen MoE policy, its validation and presets.
 
 Two HF families share this config: `qwen3_5_moe` (Qwen3.5/3.6 MoE: Gated-DeltaNet and gated

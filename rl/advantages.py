@@ -1,3 +1,4 @@
+# Over 400 lines: pure functions with their shapes and formulas, the math users read together.
 """Group-relative advantages for HSA-RL: GRPO, GDPO and HAT's per-segment advantage pools.
 
 Algorithm (HSA-RL, paper §3.3 and Appendix C). For every prompt the policy rolls out G complete

@@ -19,7 +19,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 from flax import nnx
 
-from hat_jax.checkpoint import CheckpointMismatchError, restore_params
+from hat_jax.checkpoint import CheckpointMismatchError, read_model_config, restore_params
 from models import MTPHead, Qwen, QwenConfig, check_mtp_config
 from serve import _hf_map
 from serve._hf_read import (
@@ -224,3 +224,38 @@ def config_from_checkpoint(model_config: Mapping[str, Any], **runtime: Any) -> Q
     if "model_type" in model_config:  # an HF config dict
         return QwenConfig.from_hf(dict(model_config), **runtime)
     return QwenConfig.from_dict(dict(model_config)).replace(**runtime)
+
+
+def is_hf_dir(path: os.PathLike | str) -> bool:
+    """Whether `path` is an HF model directory (`config.json` beside safetensors)."""
+    path = pathlib.Path(path)
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def load_checkpoint(
+    path: os.PathLike | str, *, dtype: Any = "float32", **runtime: Any
+) -> tuple[QwenConfig, Qwen]:
+    """A policy from an HF directory or an Orbax parameter checkpoint (a `save_params`
+    directory, a training step directory or a run's `checkpoints/`, latest step).
+
+    Args:
+        path: the checkpoint.
+        dtype: parameter and compute dtype.
+        **runtime: other runtime fields of `QwenConfig` (moe_dispatch, ...).
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        HFCheckpointError / CheckpointError: the checkpoint is incomplete or malformed (named).
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if is_hf_dir(path):
+        return load_hf(path, dtype=dtype, **runtime)
+    name = dtype_name(dtype)
+    config = config_from_checkpoint(
+        read_model_config(path), param_dtype=name, dtype=name, **runtime
+    )
+    graphdef, abstract_state = nnx.split(abstract_model(config))
+    state, _ = restore_params(path, target=abstract_state)
+    return config, nnx.merge(graphdef, state)

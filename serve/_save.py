@@ -26,6 +26,7 @@ from flax import nnx
 
 from hat_jax import files
 from hat_jax.checkpoint import read_model_config, restore_params
+from hat_jax.metrics import Progress
 from models import MTPHead, Qwen, QwenConfig, check_mtp_config
 from serve import _hf_files, _hf_map
 from serve._hf_read import INDEX_FILE, TEXT_PREFIX, VL_PREFIX
@@ -153,6 +154,7 @@ def save_hf(
     extra_tensors: Mapping[str, np.ndarray] | None = None,
     mtp: MTPHead | None = None,
     overwrite: bool = True,
+    progress: bool = True,
 ) -> pathlib.Path:
     """Writes `model` as an HF directory that transformers and SGLang load.
 
@@ -169,6 +171,7 @@ def save_hf(
         mtp: an MTP draft head for this model: written as the 19 `mtp.*` tensors, its experts
             in `expert_layout` (Qwen3.5 only).
         overwrite: allow an existing non-empty `out_dir`.
+        progress: show a progress bar over the tensors written.
 
     Returns:
         `out_dir` as a path.
@@ -203,7 +206,8 @@ def save_hf(
     for name, value in (extra_tensors or {}).items():
         items.append((name, tuple(value.shape), None, lambda _g, v=value: np.asarray(v)))
     shards = _shards(items, np_dtype.itemsize, max_shard_bytes)
-    weight_map, total = {}, 0
+    weight_map, total, written = {}, 0, 0
+    bar = Progress(len(items), desc="export", unit="tensor", enabled=progress)
     for number, shard in enumerate(shards, 1):
         file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
         tensors = dict(_shard_tensors(shard, config, state, np_dtype))
@@ -211,6 +215,9 @@ def save_hf(
             safetensors.numpy.save_file(tensors, str(tmp), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, file))
         total += sum(t.nbytes for t in tensors.values())
+        written += len(shard)
+        bar.update(written)
+    bar.close()
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     files.write_json(out / INDEX_FILE, index)
     for name, obj in json_files.items():

@@ -1,6 +1,7 @@
 """HF safetensors <-> hat-jax `Qwen` conversion: the public API and its command line.
 
     load_hf(hf_dir, *, dtype) -> (config, model)
+    load_checkpoint(path, *, dtype) -> (config, model)          (an HF directory or Orbax)
     load_mtp(hf_dir, *, config=None, dtype=None) -> MTPHead     (the `mtp.*` draft head)
     has_mtp(hf_dir) -> bool
     save_hf(model, config, out_dir, *, tokenizer_dir=None, dtype="bfloat16", layout=None,
@@ -51,6 +52,8 @@ from serve._load import (
     abstract_model,
     abstract_mtp,
     config_from_checkpoint,
+    is_hf_dir,
+    load_checkpoint,
     load_hf,
     load_mtp,
     restore_mtp,
@@ -64,6 +67,8 @@ __all__ = [
     "abstract_model",
     "abstract_mtp",
     "has_mtp",
+    "is_hf_dir",
+    "load_checkpoint",
     "load_hf",
     "load_mtp",
     "main",

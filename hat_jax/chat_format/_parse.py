@@ -1,3 +1,4 @@
+# Over 400 lines: one tolerant parser whose recovery rules depend on each other.
 """Parse model output in the Qwen3.5 format into reasoning, content and tool calls. Never raises.
 
 The input is what a model wrote after the generation prompt (see `render_completion`):

@@ -1,3 +1,4 @@
+# Over 400 lines: every file of a Harness is loaded and checked here: all problems in one pass.
 """Loads a Harness directory into the frozen `Harness` tree and validates it.
 
 Layout (`data/livestream/harness/` is the bundled v0):

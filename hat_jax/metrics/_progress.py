@@ -13,7 +13,15 @@ SHOWN = ("loss", "grad_norm", "learning_rate")
 class Progress:
     """Shows steps done, rate and the latest main metrics; a no-op on non-main processes."""
 
-    def __init__(self, total: int, *, initial: int = 0, desc: str = "train", enabled: bool = True):
+    def __init__(
+        self,
+        total: int,
+        *,
+        initial: int = 0,
+        desc: str = "train",
+        unit: str = "step",
+        enabled: bool = True,
+    ):
         self._bar = None
         if enabled and jax.process_index() == 0:
             from tqdm import tqdm
@@ -22,7 +30,7 @@ class Progress:
                 total=total,
                 initial=initial,
                 desc=desc,
-                unit="step",
+                unit=unit,
                 file=sys.stderr,
                 dynamic_ncols=True,
                 mininterval=0.5,

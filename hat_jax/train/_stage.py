@@ -1,3 +1,4 @@
+# Over 400 lines: the driver is one object (mesh, state, restore, trainer) sharing its fields.
 """The stage driver every training stage runs on: `StageDriver`, and `run_stage` for the
 common case.
 

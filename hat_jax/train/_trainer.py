@@ -1,3 +1,4 @@
+# Over 400 lines: the loop, its resume and its hooks share the trainer's state.
 """The trainer loop: pull a batch, run the compiled step, and do side effects through hooks.
 
 The loop owns no maths. Per step it takes this process's rows from the data source (a

@@ -1,3 +1,4 @@
+# Over 400 lines: a wording table, one entry per intent kind.
 """How the scripted teacher words a reply: one clause per intent, from tool results.
 
 Every figure a clause states is read from a tool result (or the request context), never from

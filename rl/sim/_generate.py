@@ -1,3 +1,4 @@
+# Over 400 lines: one generator per scenario family over the same catalog views.
 """Deterministic scenario generation from the bundled catalog and phrasing templates.
 
 Each template of `data/livestream/scenarios/phrasings.yaml` is instantiated over the products,

@@ -1,3 +1,4 @@
+# Over 400 lines: a table of gold builders, one per intent kind.
 """Intent kinds: for each, what a correct trajectory does (gold) on canonical names.
 
 An intent kind maps its context (the product asked about, the product on screen, the viewer,

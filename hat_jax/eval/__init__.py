@@ -1,0 +1,82 @@
+"""Evaluation (paper §4, appendix E): versioned sets, any policy, scores, statistics, reports.
+
+    from hat_jax import eval as hev
+    ctx = hev.EvalContext.default()                               # bundled world + Harness v0
+    sets = hev.ensure_sets(["t1", "t2", "general"], ctx, sets_dir="runs/eval/sets")
+    policy = hev.BatchedPolicy(jax_policy, describe={"kind": "jax"})   # or Factory/Endpoint
+    hev.evaluate(sets, policy, kinds=hev.KINDS, ctx=ctx, run_dir="runs/eval/sft")
+    hev.write_report("runs/eval/sft", baseline_dir="runs/eval/base")  # tables, intervals, plots
+
+Sets (`KINDS`): `t1` Live-Stream QA (held-out scenarios, original Harness), `t2`
+Harness-Variant QA (held-out Harness edits from `HELDOUT_BANK_DIR`, a bank training-time HSA
+never uses), `t3_tool` / `t3_prompt` (distractor tools; active instruction constraints),
+`general` (programmatic verifiable instructions, disjoint from OPD's prompts) and `ifeval` (the
+541 official prompts, the official scorer, offline; the `eval` extra and
+`python -m hat_jax.eval.setup_ifeval`). Statistics: `paired_bootstrap`, `compare_runs`
+(refuses different set versions), `mean_interval`; judge calibration against human labels:
+`read_labels`, `calibration_report`. CLI: `python -m launch.eval`.
+"""
+
+from hat_jax.eval._calibration import calibration_report, read_labels, write_calibration
+from hat_jax.eval._ifeval import (
+    IFEvalSetupError,
+    ifeval_prompt_hashes,
+    ifeval_prompts,
+    require_ifeval,
+    score_ifeval,
+)
+from hat_jax.eval._items import EvalItem, EvalSet, SetVersionError, read_set, write_set
+from hat_jax.eval._kind import EvalContext, Prepared, SetKind
+from hat_jax.eval._qa_sets import HELDOUT_BANK_DIR
+from hat_jax.eval._report import write_report
+from hat_jax.eval._run import (
+    BatchedPolicy,
+    EndpointPolicy,
+    EvalError,
+    EvalPolicy,
+    FactoryPolicy,
+    RunConfig,
+    evaluate,
+    read_items,
+    read_summary,
+)
+from hat_jax.eval._sets import DEFAULT_SIZES, KINDS, ensure_set, ensure_sets
+from hat_jax.eval._stats import Bootstrap, compare_runs, mean_interval, paired_bootstrap
+
+__all__ = [
+    "DEFAULT_SIZES",
+    "HELDOUT_BANK_DIR",
+    "KINDS",
+    "BatchedPolicy",
+    "Bootstrap",
+    "EndpointPolicy",
+    "EvalContext",
+    "EvalError",
+    "EvalItem",
+    "EvalPolicy",
+    "EvalSet",
+    "FactoryPolicy",
+    "IFEvalSetupError",
+    "Prepared",
+    "RunConfig",
+    "SetKind",
+    "SetVersionError",
+    "calibration_report",
+    "compare_runs",
+    "ensure_set",
+    "ensure_sets",
+    "evaluate",
+    "ifeval_prompt_hashes",
+    "ifeval_prompts",
+    "mean_interval",
+    "paired_bootstrap",
+    "read_items",
+    "read_labels",
+    "read_set",
+    "read_summary",
+    "require_ifeval",
+    "score_ifeval",
+    "write_calibration",
+    "write_report",
+    "write_set",
+]

@@ -1,0 +1,152 @@
+"""Evaluate a policy on the paper's sets: T1, T2, T3 (tool and prompt robustness), the general
+set and, when its extra is installed, IFEval; write per-item results, a summary and a report.
+
+  python -m launch.eval --config=configs/eval_demo.py                  # the demo's SFT policy
+  python -m launch.eval --config=configs/eval_demo.py:teacher          # the scripted teacher
+  python -m launch.eval --config=configs/eval_demo.py:hf \
+      --config.baseline=runs/eval/teacher                              # paired comparison
+  python -m launch.eval --config=configs/eval_demo.py:openai \
+      --config.policy.base_url=http://localhost:30000/v1               # an endpoint
+
+`config.policy.kind`: "jax" (`config.policy.checkpoint`: an Orbax checkpoint or an HF
+directory), "teacher" (the scripted teacher, the ceiling), "rules" (the offline rule policy) or
+"openai" (any OpenAI-compatible endpoint). Sets are built once under `config.sets_dir` and
+reused (`hat_jax.eval.ensure_sets`); a rerun with the same `run_dir` resumes. Writes
+`<run_dir>/items/<set>.jsonl`, `summary.json`, `report.md` and `plots/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any
+
+from absl import app
+
+from hat_jax import eval as hev
+from hat_jax import harness as hx
+from launch import _common
+
+_FLAGS: dict = {}
+POLICIES = ("jax", "teacher", "rules", "openai")
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A config converted once into the library's values."""
+
+    sets: tuple[str, ...]
+    split: str
+    sizes: dict[str, int]
+    versions: dict[str, str]
+    seed: int
+    sets_dir: pathlib.Path
+    run_dir: pathlib.Path
+    config: hev.RunConfig
+    limits: hx.Limits
+    baseline: str | None
+
+
+def build(c, *, run_dir: str | None = None) -> Built:
+    """Validates `c` (set names, policy kind, sampling) and converts it."""
+    names = tuple(s.strip() for s in c.sets.split(",") if s.strip())
+    unknown = sorted(set(names) - set(hev.KINDS))
+    if not names or unknown:
+        raise ValueError(f"config.sets={c.sets!r}: unknown {unknown}; known {sorted(hev.KINDS)}")
+    if c.policy.kind not in POLICIES:
+        raise ValueError(f"config.policy.kind={c.policy.kind!r}: choose one of {POLICIES}")
+    s = c.sampling
+    return Built(
+        sets=names,
+        split=c.split,
+        sizes={k: int(v) for k, v in c.sizes.to_dict().items() if v},
+        versions={k: v for k, v in c.versions.to_dict().items() if v},
+        seed=c.seed,
+        sets_dir=pathlib.Path(c.sets_dir),
+        run_dir=pathlib.Path(run_dir or c.run_dir),
+        config=hev.RunConfig(
+            sampling=hx.SamplingParams(
+                temperature=s.temperature,
+                top_p=s.top_p,
+                max_tokens=s.max_tokens,
+                enable_thinking=s.enable_thinking,
+            ),  # fmt: skip
+            batch_size=c.batch_size,
+            concurrency=c.concurrency,
+            seed=c.seed,
+            keep_trajectories=c.keep_trajectories,
+        ),
+        limits=hx.Limits(**c.limits.to_dict()),
+        baseline=c.baseline or None,
+    )
+
+
+def policy_for(p) -> hev.EvalPolicy:
+    """The evaluation policy of a config's `policy` block."""
+    if p.kind == "teacher":
+        from rl import sim
+
+        return hev.FactoryPolicy(
+            lambda prepared, ctx: sim.ScriptedTeacher(
+                prepared.scenario, prepared.state, ctx.world
+            ),  # fmt: skip
+            describe={"kind": "teacher"},
+            agent_only=True,
+        )
+    if p.kind == "rules":
+        return hev.FactoryPolicy(
+            lambda prepared, ctx: hx.RuleBasedPolicy(prepared.state, ctx.world),
+            describe={"kind": "rules"},
+            agent_only=True,
+        )
+    if p.kind == "openai":
+        policy = hx.OpenAICompatPolicy(
+            base_url=p.base_url,
+            model=p.model,
+            api_key=os.environ.get(p.api_key_env),
+            server_extensions=p.server_extensions,
+        )
+        return hev.EndpointPolicy(
+            policy, describe={"kind": "openai", "endpoint": p.base_url, "model": p.model}
+        )
+    from launch._policy import load_jax_policy
+
+    if not p.checkpoint:
+        raise ValueError("config.policy.checkpoint is required for policy.kind='jax'")
+    policy, describe = load_jax_policy(
+        p.checkpoint, tokenizer_dir=p.tokenizer_dir or None, dtype=p.dtype,
+        max_length=p.max_length,
+    )  # fmt: skip
+    return hev.BatchedPolicy(policy, describe=describe)
+
+
+def run(c, *, run_dir: str | None = None) -> dict[str, Any]:
+    """Builds the sets, evaluates the policy, writes the report; returns the summary."""
+    b = build(c, run_dir=run_dir)
+    ctx = dataclasses.replace(hev.EvalContext.default(), limits=b.limits)
+    sets = hev.ensure_sets(b.sets, ctx, sets_dir=b.sets_dir, split=b.split, sizes=b.sizes,
+                           seed=b.seed, versions=b.versions)  # fmt: skip
+    summary = hev.evaluate(sets, policy_for(c.policy), kinds=hev.KINDS, ctx=ctx,
+                           run_dir=b.run_dir, config=b.config,
+                           record={"sets_dir": str(b.sets_dir)})  # fmt: skip
+    hev.write_report(b.run_dir, baseline_dir=b.baseline)
+    return summary
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    lines = [f"policy {summary['run']['policy']}"]
+    for name, s in summary["sets"].items():
+        figures = " ".join(f"{m}={100 * v:.1f}" for m, v in s["metrics"].items())
+        lines.append(f"{name} ({s['version']}, n={s['n']}): {figures}")
+    return lines
+
+
+def main(argv):
+    del argv
+    _common.run_main("eval", run, summary_lines, _FLAGS)
+
+
+if __name__ == "__main__":
+    _FLAGS.update(_common.define_flags("configs/eval_demo.py"))
+    app.run(main)

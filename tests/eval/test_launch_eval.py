@@ -1,0 +1,130 @@
+"""`launch.eval` as a user runs it: a tiny trained-format checkpoint (Orbax, and its HF export)
+evaluated end to end on small versions of the sets, from the command line and in-process, with
+identical scores; the scripted teacher as the ceiling; bad input refused by name (a tokenizer
+that does not fit the checkpoint, a pinned set version that is not stored, a missing
+checkpoint); `launch.simulate` and `launch.agent` with `--policy jax`."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from flax import nnx
+
+import models
+from configs import eval_demo
+from data.tokenizer import load_tokenizer
+from hat_jax.checkpoint import save_params
+from hat_jax.eval import SetVersionError, read_items
+from launch import eval as eval_launch
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SIZES = dict(t1=2, t2=1, t3_tool=1, t3_prompt=1, general=2)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A random tiny policy saved as a `save_params` checkpoint, and its HF export."""
+    from serve import convert
+
+    root = tmp_path_factory.mktemp("ckpt")
+    tok = load_tokenizer()
+    config = models.QwenConfig.preset("tiny").replace(vocab_size=-(-len(tok) // 128) * 128)
+    model = models.Qwen(config, rngs=nnx.Rngs(0))
+    save_params(root / "orbax", nnx.state(model, nnx.Param), model_config=config.to_dict())
+    convert.save_hf(model, config, root / "hf", tokenizer_dir=REPO / "data" / "tokenizer",
+                    dtype="float32", progress=False)  # fmt: skip
+    return root
+
+
+def _config(tmp_path, variant, **policy):
+    c = eval_demo.get_config(variant)
+    c.run_dir = str(tmp_path / variant)
+    c.sets_dir = str(tmp_path / "sets")
+    c.sizes.update(SIZES)
+    c.sampling.max_tokens = 12
+    c.batch_size = 8
+    c.limits.max_rounds = 2
+    c.policy.update(policy)
+    return c
+
+
+def _scores(run_dir):
+    summary = json.loads((pathlib.Path(run_dir) / "summary.json").read_text())
+    return {
+        name: [r["scores"] for r in read_items(run_dir, name)] for name in summary["sets"]
+    }, summary
+
+
+@pytest.mark.slow
+def test_a_jax_checkpoint_from_the_cli_and_in_process_scores_the_same(checkpoint, tmp_path):
+    c = _config(tmp_path, "sft", checkpoint=str(checkpoint / "orbax"))
+    cli = subprocess.run(
+        [sys.executable, "-m", "launch.eval", "--config=configs/eval_demo.py",
+         f"--config.run_dir={tmp_path / 'cli'}", f"--config.sets_dir={tmp_path / 'sets'}",
+         f"--config.policy.checkpoint={checkpoint / 'orbax'}", "--config.sampling.max_tokens=12",
+         "--config.batch_size=8", "--config.limits.max_rounds=2",
+         *(f"--config.sizes.{k}={v}" for k, v in SIZES.items())],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert "eval: t1 (t1-" in cli.stdout
+    eval_launch.run(c)
+    a, summary = _scores(tmp_path / "cli")
+    b, _ = _scores(c.run_dir)
+    assert a == b and set(a) == set(SIZES)
+    assert summary["run"]["policy"]["kind"] == "jax"
+    assert summary["run"]["policy"]["format"] == "orbax"
+    report = (tmp_path / "cli" / "report.md").read_text()
+    assert "t3_prompt" in report and (tmp_path / "cli" / "plots").is_dir()
+    # The HF export of the same weights decodes the same replies (the short general prompts).
+    hf = _config(tmp_path, "hf", checkpoint=str(checkpoint / "hf"), dtype="float32")
+    hf.sets = "general"
+    eval_launch.run(hf)
+    out_a = [r["output"] for r in read_items(c.run_dir, "general")]
+    out_b = [r["output"] for r in read_items(hf.run_dir, "general")]
+    assert out_a == out_b and any(out_a)
+
+
+@pytest.mark.slow
+def test_the_teacher_is_the_ceiling_on_t1_and_t2(tmp_path):
+    summary = eval_launch.run(_config(tmp_path, "teacher"))
+    for name in ("t1", "t2"):
+        assert summary["sets"][name]["metrics"]["avg"] == 1.0, name
+
+
+def test_bad_inputs_are_named(checkpoint, tmp_path):
+    small = models.QwenConfig.preset("tiny").replace(vocab_size=256)
+    save_params(tmp_path / "small", nnx.state(models.Qwen(small, rngs=nnx.Rngs(0)), nnx.Param),
+                model_config=small.to_dict())  # fmt: skip
+    with pytest.raises(ValueError, match=r"tokenizer \(\d+ tokens.*vocabulary of 256"):
+        eval_launch.run(_config(tmp_path, "sft", checkpoint=str(tmp_path / "small")))
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        eval_launch.run(_config(tmp_path, "sft", checkpoint=str(tmp_path / "nowhere")))
+    c = _config(tmp_path, "teacher")
+    c.sets = "t1"
+    c.versions.t1 = "t1-000000000000"
+    with pytest.raises(SetVersionError, match="t1-000000000000"):
+        eval_launch.run(c)
+    c.versions.t1 = ""
+    c.sets = "t1,nope"
+    with pytest.raises(ValueError, match="nope"):
+        eval_launch.run(c)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["simulate", "agent"])
+def test_simulate_and_agent_take_a_jax_checkpoint(checkpoint, tmp_path, script):
+    args = {
+        "simulate": ["--episodes", "1", "--out", str(tmp_path / "sim")],
+        "agent": ["--comment", "how much is the serum?", "--mcp", "inprocess", "--max_rounds",
+                  "1", "--out", str(tmp_path / "agent.jsonl"), "--budget_s", "600"],
+    }[script]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", f"launch.{script}", "--policy", "jax",
+         "--checkpoint", str(checkpoint / "hf"), "--max_tokens", "8", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'kind': 'jax'" in proc.stdout and "'format': 'hf'" in proc.stdout
