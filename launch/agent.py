@@ -38,15 +38,7 @@ _WINDOW = flags.DEFINE_float(
     "window_s", 30.0, "Multi mode: seconds within which comments can be related."
 )
 _POLICY = flags.DEFINE_enum("policy", "rules", ["rules", "openai", "jax"], "Which policy answers.")
-_CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", None, "--policy jax: an Orbax checkpoint or HF directory of a trained policy."
-)
-_TOKENIZER = flags.DEFINE_string(
-    "tokenizer_dir", None, "--policy jax: tokenizer (default: the HF directory's, else the demo's)."
-)
-_MAX_LENGTH = flags.DEFINE_integer(
-    "max_length", 8192, "--policy jax: cap on prompt + generated tokens per model call."
-)
+_JAX = _policy.define_jax_flags()
 _BASE_URL = flags.DEFINE_string(
     "base_url", "http://localhost:30000/v1", "OpenAI-compatible API root."
 )
@@ -116,7 +108,7 @@ def main(argv):
     if _POLICY.value == "rules":
         policy = hx.RuleBasedPolicy(state, world)
     elif _POLICY.value == "jax":
-        policy = _policy.jax_from_flags(_CHECKPOINT.value, _TOKENIZER.value, _MAX_LENGTH.value)
+        policy = _policy.jax_from_flags(_JAX)
     else:
         policy = hx.OpenAICompatPolicy(
             base_url=_BASE_URL.value,

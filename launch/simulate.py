@@ -31,15 +31,7 @@ _SPLIT = flags.DEFINE_enum("split", "train", list(sim.SPLITS), "Scenario split."
 _EPISODES = flags.DEFINE_integer("episodes", 100, "Episodes to run.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the first episode (episode k uses seed + k).")
 _POLICY = flags.DEFINE_enum("policy", "teacher", ["teacher", "rules", "openai", "jax"], "Policy.")
-_CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", None, "--policy jax: an Orbax checkpoint or HF directory of a trained policy."
-)
-_TOKENIZER = flags.DEFINE_string(
-    "tokenizer_dir", None, "--policy jax: tokenizer (default: the HF directory's, else the demo's)."
-)
-_MAX_LENGTH = flags.DEFINE_integer(
-    "max_length", 8192, "--policy jax: cap on prompt + generated tokens per model call."
-)
+_JAX = _jax.define_jax_flags()
 _BASE_URL = flags.DEFINE_string("base_url", "http://localhost:30000/v1", "OpenAI API root.")
 _MODEL = flags.DEFINE_string("model", "default", "Model name for --policy openai.")
 _KEY_ENV = flags.DEFINE_string("api_key_env", "OPENAI_API_KEY", "Variable holding the API key.")
@@ -87,7 +79,7 @@ def _policy(room: sim.LiveRoom):
     if _POLICY.value == "rules":
         return lambda scenario, state: hx.RuleBasedPolicy(state, room.world)
     if _POLICY.value == "jax":
-        return _jax.jax_from_flags(_CHECKPOINT.value, _TOKENIZER.value, _MAX_LENGTH.value)
+        return _jax.jax_from_flags(_JAX)
     return hx.OpenAICompatPolicy(
         base_url=_BASE_URL.value,
         model=_MODEL.value,

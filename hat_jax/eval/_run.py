@@ -319,6 +319,7 @@ def evaluate(
         records = _evaluate_set(s, kind, policy, ctx, run_dir, config, progress)
         summary["sets"][s.name] = {"version": s.version, **summarize(records, kind.metrics)}
         files.write_json(run_dir / SUMMARY_FILE, summary)
+    files.write_json(run_dir / SUMMARY_FILE, summary)
     return summary
 
 

@@ -59,12 +59,15 @@ def _scores(run_dir):
 
 @pytest.mark.slow
 def test_a_jax_checkpoint_from_the_cli_and_in_process_scores_the_same(checkpoint, tmp_path):
+    # The JAX policy on a live-room set and the general set (the other kinds run the same
+    # runner path; their scorers have their own tests and the teacher runs them below).
     c = _config(tmp_path, "sft", checkpoint=str(checkpoint / "orbax"))
+    c.sets = "t1,general"
     cli = subprocess.run(
         [sys.executable, "-m", "launch.eval", "--config=configs/eval_demo.py",
          f"--config.run_dir={tmp_path / 'cli'}", f"--config.sets_dir={tmp_path / 'sets'}",
          f"--config.policy.checkpoint={checkpoint / 'orbax'}", "--config.sampling.max_tokens=12",
-         "--config.batch_size=8", "--config.limits.max_rounds=2",
+         "--config.batch_size=8", "--config.limits.max_rounds=2", "--config.sets=t1,general",
          *(f"--config.sizes.{k}={v}" for k, v in SIZES.items())],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -73,11 +76,11 @@ def test_a_jax_checkpoint_from_the_cli_and_in_process_scores_the_same(checkpoint
     eval_launch.run(c)
     a, summary = _scores(tmp_path / "cli")
     b, _ = _scores(c.run_dir)
-    assert a == b and set(a) == set(SIZES)
+    assert a == b and set(a) == {"t1", "general"}
     assert summary["run"]["policy"]["kind"] == "jax"
     assert summary["run"]["policy"]["format"] == "orbax"
     report = (tmp_path / "cli" / "report.md").read_text()
-    assert "t3_prompt" in report and (tmp_path / "cli" / "plots").is_dir()
+    assert "## general" in report and (tmp_path / "cli" / "plots" / "t1.png").is_file()
     # The HF export of the same weights decodes the same replies (the short general prompts).
     hf = _config(tmp_path, "hf", checkpoint=str(checkpoint / "hf"), dtype="float32")
     hf.sets = "general"
@@ -92,6 +95,9 @@ def test_the_teacher_is_the_ceiling_on_t1_and_t2(tmp_path):
     summary = eval_launch.run(_config(tmp_path, "teacher"))
     for name in ("t1", "t2"):
         assert summary["sets"][name]["metrics"]["avg"] == 1.0, name
+    assert set(summary["sets"]) == {"t1", "t2", "t3_tool", "t3_prompt"}
+    assert "answers live-room requests only" in summary["skipped"]["general"]
+    assert "Not evaluated: teacher answers" in (tmp_path / "teacher" / "report.md").read_text()
 
 
 def test_bad_inputs_are_named(checkpoint, tmp_path):
