@@ -57,4 +57,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dict(max_rounds=4, budget_s=1e6, tool_timeout_s=5.0, max_calls_per_round=8)
     )
     c.baseline = ""  # another run's directory: paired comparisons in the report
+    # The Final Evaluation Judge of T1/T2 (rule scorers when `endpoints` is empty): an odd
+    # number of "base_url|model" entries, apart from the RL reward judge.
+    c.judge = ml_collections.ConfigDict(
+        dict(endpoints="", api_key_env="", prompts="", cache_dir="", on_failure="fail")
+    )
+    # Human labels (item_id, dimension, label) of one set's items: calibration.md in the run.
+    c.calibration = ml_collections.ConfigDict(dict(labels="", set="t1"))
     return c

@@ -10,7 +10,10 @@ set and, when its extra is installed, IFEval; write per-item results, a summary 
 
 `config.policy.kind`: "jax" (`config.policy.checkpoint`: an Orbax checkpoint or an HF
 directory), "teacher" (the scripted teacher, the ceiling), "rules" (the offline rule policy) or
-"openai" (any OpenAI-compatible endpoint). Sets are built once under `config.sets_dir` and
+"openai" (any OpenAI-compatible endpoint). `config.judge.endpoints` makes a panel of LLM judges
+the Final Evaluation Judge of T1/T2's Accuracy and Effectiveness (the rule scorers otherwise);
+`config.calibration.labels` (JSONL/CSV of item_id, dimension, label) writes the calibration of
+the rule scorer, the panel and each judge against those human labels. Sets are built once under `config.sets_dir` and
 reused (`hat_jax.eval.ensure_sets`); a rerun with the same `run_dir` resumes. Writes
 `<run_dir>/items/<set>.jsonl`, `summary.json`, `report.md` and `plots/`.
 """
@@ -121,16 +124,49 @@ def policy_for(p) -> hev.EvalPolicy:
     return hev.BatchedPolicy(policy, describe=describe)
 
 
+def judge_for(j):
+    """The Final Evaluation Judge of a config's `judge` block (None: the rule scorers)."""
+    if not j.endpoints:
+        return None
+    from rl import rewards
+
+    judges = []
+    for entry in j.endpoints.split(","):
+        base_url, _, model = entry.strip().partition("|")
+        if not base_url or not model:
+            raise ValueError(f"config.judge.endpoints: {entry!r} is not 'base_url|model'")
+        judges.append(rewards.JudgeEndpoint(base_url=base_url, model=model,
+                                            api_key_env=j.api_key_env or None))  # fmt: skip
+    return rewards.JudgePanel(judges, prompt_dir=j.prompts or None, cache_dir=j.cache_dir or None)
+
+
+def calibrate(c, run_dir: pathlib.Path) -> pathlib.Path:
+    """`<run_dir>/calibration.md` (and `.json`): the judges (rules, panel, each judge) against
+    the human labels of `config.calibration.labels` on `config.calibration.set`."""
+    from hat_jax import files
+    from hat_jax.eval import _calibration as cal
+
+    human = cal.read_labels(c.calibration.labels)
+    report = cal.calibration_report(human, cal.run_predictions(run_dir, c.calibration.set))
+    files.write_json(run_dir / "calibration.json", report)
+    return cal.write_calibration(run_dir / "calibration.md", report)
+
+
 def run(c, *, run_dir: str | None = None) -> dict[str, Any]:
-    """Builds the sets, evaluates the policy, writes the report; returns the summary."""
+    """Builds the sets, evaluates the policy, writes the report (and the judge calibration
+    when human labels are given); returns the summary."""
     b = build(c, run_dir=run_dir)
-    ctx = dataclasses.replace(hev.EvalContext.default(), limits=b.limits)
+    ctx = dataclasses.replace(hev.EvalContext.default(), limits=b.limits,
+                              judge=judge_for(c.judge),
+                              judge_on_failure=c.judge.on_failure)  # fmt: skip
     sets = hev.ensure_sets(b.sets, ctx, sets_dir=b.sets_dir, split=b.split, sizes=b.sizes,
                            seed=b.seed, versions=b.versions)  # fmt: skip
     summary = hev.evaluate(sets, policy_for(c.policy), kinds=hev.KINDS, ctx=ctx,
                            run_dir=b.run_dir, config=b.config,
                            record={"sets_dir": str(b.sets_dir)})  # fmt: skip
     hev.write_report(b.run_dir, baseline_dir=b.baseline)
+    if c.calibration.labels:
+        calibrate(c, b.run_dir)
     return summary
 
 

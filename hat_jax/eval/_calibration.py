@@ -6,6 +6,9 @@ Accuracy labels are 0/1, Effectiveness labels 0/0.5/1 (the scale the judges answ
 shape, one mapping for the panel's majority label (key `"panel"`) and one per judge;
 `calibration_report` measures each against the human labels: agreement, Cohen's kappa and
 the confusion matrix (rows: human label, columns: judge label), per dimension.
+`run_predictions` reads them from an evaluation run (T1/T2 records keep the rule scorer's
+labels, as the judge `"rules"`, and, when a panel scored the run, every vote), so the rule
+scorer is calibrated the same way as the panel.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from hat_jax import files
-from rl.rewards._judge import PanelVerdict
+from rl.rewards._judge import JudgeVote, PanelVerdict
+
+RULES = "rules"
 
 PANEL = "panel"
 DIMENSIONS: dict[str, tuple[float, ...]] = {
@@ -135,6 +140,37 @@ def judge_predictions(verdicts: Mapping[str, PanelVerdict]) -> dict[str, Labels]
                 if vote.error is None and getattr(vote, dim) is not None:
                     labels[(item_id, dim)] = float(getattr(vote, dim))
     return {PANEL: panel, **dict(sorted(judges.items()))}
+
+
+def run_predictions(run_dir: os.PathLike | str, set_name: str) -> dict[str, Labels]:
+    """The labels an evaluation run gave a set's items: `"rules"` (the rule scorer), and
+    `"panel"` plus one entry per judge when the Final Evaluation Judge scored the run.
+
+    Raises:
+      ValueError: the set's records carry no labels (not a T1/T2 set, or not evaluated).
+    """
+    from hat_jax.eval._run import read_items
+
+    rules: Labels = {}
+    verdicts: dict[str, PanelVerdict] = {}
+    for record in read_items(run_dir, set_name):
+        details = record.get("details") or {}
+        for dim in DIMENSIONS:
+            if dim in details.get(RULES, {}):
+                rules[(record["id"], dim)] = float(details[RULES][dim])
+        judged = details.get("judge")
+        if judged:
+            verdicts[record["id"]] = PanelVerdict(
+                accuracy=judged["accuracy"],
+                effectiveness=judged["effectiveness"],
+                votes=tuple(JudgeVote(**v) for v in judged["votes"]),
+            )
+    if not rules:
+        raise ValueError(
+            f"{run_dir}: the items of set {set_name!r} carry no Accuracy/Effectiveness labels "
+            "(calibrate a T1 or T2 set of a finished run)"
+        )
+    return {**(judge_predictions(verdicts) if verdicts else {}), RULES: rules}
 
 
 def confusion_matrix(pairs: list[tuple[float, float]], scale: tuple[float, ...]) -> np.ndarray:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from hat_jax import harness as hx
-from hat_jax.eval._items import EvalItem, EvalSet
+from hat_jax.eval._items import EvalItem, EvalSet, content_hash
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +31,36 @@ class EvalContext:
       world: the world tools answer from.
       harness: the released Harness (the "original" of T1).
       limits: the agent loop's limits for agent items.
+      judge: the Final Evaluation Judge: an `rl.rewards.JudgePanel` whose majority labels
+        replace the rule scorer's Accuracy and Effectiveness on T1 and T2 (None: the rules).
+        Keep it apart from the RL reward judge (its own endpoints, prompts and cache).
+      judge_on_failure: "fail" (an item no judge could label stops the run) or "rules" (that
+        item keeps the rule labels, and its record says so).
     """
 
     world: hx.World
     harness: hx.Harness
     limits: hx.Limits = dataclasses.field(default_factory=hx.Limits)
+    judge: Any = None
+    judge_on_failure: str = "fail"
+
+    def __post_init__(self):
+        if self.judge_on_failure not in ("fail", "rules"):
+            raise ValueError(
+                f"EvalContext.judge_on_failure must be 'fail' or 'rules', "
+                f"got {self.judge_on_failure!r}"
+            )
+
+    def describe_judge(self) -> dict[str, Any]:
+        """What scored Accuracy and Effectiveness: the rules, or the panel's models and prompts
+        (runs compare only under the same judge)."""
+        if self.judge is None:
+            return {"kind": "rules"}
+        return {
+            "kind": "panel",
+            "judges": [f"{j.label}@{j.base_url}" for j in self.judge.judges],
+            "prompts": content_hash([self.judge.system, self.judge.user_source])[:12],
+        }
 
     @classmethod
     def default(cls) -> EvalContext:
@@ -54,7 +79,8 @@ class Prepared:
       tools: the executors on canonical names (agent items); a fresh sandbox per `prepare`.
       messages: the conversation of a single-call item.
       scenario: the `rl.sim.Scenario` of an agent item.
-      extra: anything else the kind's scorer needs (e.g. the sandbox).
+      extra: anything else the kind's scorer needs (e.g. the sandbox); a scorer may leave
+        `extra["details"]` (JSON data, e.g. the judges' votes) for the item's record.
     """
 
     state: hx.HarnessState

@@ -47,7 +47,7 @@ from hat_jax import hsa
 from hat_jax.eval._items import EvalItem, EvalSet, SetVersionError, content_hash
 from hat_jax.eval._kind import EvalContext, Prepared, set_name
 from rl import sim
-from rl.rewards import Rewarder, RewardVector
+from rl.rewards import JudgeUnavailable, Rewarder, RewardVector
 
 HELDOUT_BANK_DIR = pathlib.Path(__file__).resolve().parent / "heldout_bank"
 BANK_FILES = ("skills", "tools", "prompt", "hooks", "synthetic")
@@ -197,8 +197,9 @@ class _ScenarioQA:
             request=scenario.request(ctx.world),
             tools=sandbox.tools,
             scenario=scenario,
-            extra={"sandbox": sandbox, "rewarder": _rewarder(ctx.harness)},
-        )
+            extra={"sandbox": sandbox, "rewarder": _rewarder(ctx.harness), "judge": ctx.judge,
+                   "judge_on_failure": ctx.judge_on_failure},
+        )  # fmt: skip
 
     def rewards(self, prepared: Prepared, trajectory: hx.Trajectory) -> RewardVector:
         """The full reward vector, with the reason for every deduction (`details`)."""
@@ -216,6 +217,26 @@ class _ScenarioQA:
         Selection of one trajectory, each in [0, 1]."""
         r = self.rewards(prepared, result)
         acc, eff = float(r.accuracy), float(r.effectiveness)
+        details: dict[str, Any] = {"rules": {"accuracy": acc, "effectiveness": eff}}
+        judge = prepared.extra.get("judge")
+        if judge is not None:
+            verdict = judge.judge(prepared.scenario, result)
+            details["judge"] = {
+                "accuracy": verdict.accuracy,
+                "effectiveness": verdict.effectiveness,
+                "votes": [dataclasses.asdict(v) for v in verdict.votes],
+            }
+            if verdict.accuracy is None or verdict.effectiveness is None:
+                why = "; ".join(f"{v.judge}: {v.error}" for v in verdict.votes)
+                if prepared.extra.get("judge_on_failure", "fail") == "fail":
+                    raise JudgeUnavailable(
+                        f"{item.set}: no valid judge vote on item {item.id} ({why}); fix the "
+                        "judge endpoints or set judge.on_failure to 'rules'"
+                    )
+                details["judge"]["fallback"] = "rules"
+            else:
+                acc, eff = float(verdict.accuracy), float(verdict.effectiveness)
+        prepared.extra["details"] = details
         return {
             "accuracy": acc,
             "effectiveness": eff,

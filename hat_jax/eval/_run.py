@@ -289,6 +289,12 @@ def evaluate(
     config = config or RunConfig()
     run_dir = pathlib.Path(run_dir)
     previous = read_summary(run_dir) if (run_dir / SUMMARY_FILE).is_file() else {"sets": {}}
+    judged = previous.get("run", {}).get("judge")
+    if judged is not None and judged != ctx.describe_judge():
+        raise SetVersionError(
+            f"{run_dir} was scored by the judge {judged}, not {ctx.describe_judge()}: use a "
+            "new run directory (runs compare only under the same Final Evaluation Judge)"
+        )
     for s in sets:
         old = previous["sets"].get(s.name, {}).get("version")
         if old is not None and old != s.version:
@@ -300,6 +306,7 @@ def evaluate(
         "run": {
             "policy": policy.description,
             "harness": ctx.harness.version,
+            "judge": ctx.describe_judge(),
             "config": config.to_dict(),
             "limits": dataclasses.asdict(ctx.limits),
             "created": previous.get("run", {}).get(
@@ -357,6 +364,8 @@ def _evaluate_set(
                 rec = _record(item, scores, result, seconds, config.keep_trajectories)
                 if hasattr(kind, "weights"):
                     rec["weights"] = dict(kind.weights(item))
+                if "details" in prepared.extra:
+                    rec["details"] = prepared.extra["details"]
                 done[item.id] = rec
                 lines.append(json.dumps(rec, ensure_ascii=False, default=str))
             if c == 0 and all(json.loads(x)["policy_errors"] for x in lines):

@@ -301,6 +301,12 @@ def compare_runs(
         an item lacks a metric's score.
     """
     sum_a, sum_b = load_summary(run_a_dir), load_summary(run_b_dir)
+    judge_a, judge_b = sum_a["run"].get("judge"), sum_b["run"].get("judge")
+    if judge_a != judge_b:
+        raise SetVersionError(
+            f"{run_a_dir} was scored by the judge {judge_a} but {run_b_dir} by {judge_b}; runs "
+            "compare only under the same Final Evaluation Judge"
+        )
     out: dict[str, dict[str, Bootstrap]] = {}
     for name, entry_a in sum_a["sets"].items():
         entry_b = sum_b["sets"].get(name)

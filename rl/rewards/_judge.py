@@ -135,6 +135,7 @@ class JudgePanel:
             raise FileNotFoundError(f"judge prompt missing: {err.filename}") from err
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
         self.user = env.from_string(source)
+        self.user_source = source
         self.judges = tuple(judges)
         self._cache = llm_client.AnswerCache(cache_dir) if cache_dir else None
         self.retry = retry or llm_client.DEFAULT_RETRY

@@ -92,7 +92,17 @@ def test_a_jax_checkpoint_from_the_cli_and_in_process_scores_the_same(checkpoint
 
 @pytest.mark.slow
 def test_the_teacher_is_the_ceiling_on_t1_and_t2(tmp_path):
-    summary = eval_launch.run(_config(tmp_path, "teacher"))
+    c = _config(tmp_path, "teacher")
+    eval_launch.run(c)  # builds the sets; then calibrate the rule scorer on human labels
+    first = read_items(c.run_dir, "t1")[0]["id"]
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"item_id": first, "dimension": "accuracy", "label": 0}) + "\n")
+    c.calibration.labels = str(labels)
+    summary = eval_launch.run(c)
+    calibration = json.loads((tmp_path / "teacher" / "calibration.json").read_text())
+    assert calibration["accuracy"]["rules"]["n"] == 1
+    assert calibration["accuracy"]["rules"]["agreement"] == 0.0  # the rules said 1
+    assert (tmp_path / "teacher" / "calibration.md").is_file()
     for name in ("t1", "t2"):
         assert summary["sets"][name]["metrics"]["avg"] == 1.0, name
     assert set(summary["sets"]) == {"t1", "t2", "t3_tool", "t3_prompt"}
@@ -116,6 +126,10 @@ def test_bad_inputs_are_named(checkpoint, tmp_path):
     c.versions.t1 = ""
     c.sets = "t1,nope"
     with pytest.raises(ValueError, match="nope"):
+        eval_launch.run(c)
+    c.sets = "t1"
+    c.judge.endpoints = "http://localhost:9/v1"
+    with pytest.raises(ValueError, match="is not 'base_url|model'"):
         eval_launch.run(c)
 
 
