@@ -99,7 +99,7 @@ from models._moe import (
 from models._moe_sharded import expert_parallel_experts, shard_local_experts
 from models._mtp import MTPHead, MTPOutput, check_mtp_config
 from models._params import AXIS_NAMES
-from models._sampler import SampleOutput, Sampler
+from models._sampler import SampleOutput, Sampler, shared_prefix_length
 from models._sampling import (
     GREEDY,
     Sampling,
@@ -121,6 +121,7 @@ __all__ = [
     "QwenOutput",
     "SampleOutput",
     "Sampler",
+    "shared_prefix_length",
     "Sampling",
     "SamplingArrays",
     "Standard",

@@ -128,6 +128,23 @@ def _graph_for(model: nnx.Module, overrides: Mapping[str, Any] | None) -> nnx.Gr
     return other
 
 
+def shared_prefix_length(prompts: Sequence[Sequence[int]], *, multiple: int = 512) -> int:
+    """The longest prefix every prompt shares, rounded down to a multiple of `multiple` (so a
+    handful of prefix shapes are compiled) and leaving each row one token of its own: the
+    `shared_prefix` to pass to `Sampler.__call__` (0 for a single prompt or nothing shared).
+    """
+    if len(prompts) < 2 or multiple < 1:
+        return 0
+    rows = [np.asarray(p).reshape(-1) for p in prompts]
+    limit = min(len(r) for r in rows) - 1
+    first = rows[0][:limit]
+    same = np.ones(len(first), bool)
+    for r in rows[1:]:
+        same &= r[:limit] == first
+    common = int(np.argmin(same)) if not same.all() else len(first)
+    return common // multiple * multiple
+
+
 class Sampler:
     """Batched generation with bucketed shapes (see the module docstring).
 
@@ -250,6 +267,7 @@ class Sampler:
         stop_tokens: Sequence[int] = (),
         seed: int | jax.Array = 0,
         strategy: Strategy | None = None,
+        shared_prefix: int = 0,
     ) -> SampleOutput:
         """Generates a continuation of every prompt.
 
@@ -260,6 +278,10 @@ class Sampler:
             stop_tokens: ids that end a row (the stop token is emitted).
             seed: PRNG seed (or key) of this call.
             strategy: a custom `Strategy` (hashable) instead of the standard one.
+            shared_prefix: the number of leading tokens every prompt has in common, prefilled
+                once and shared by the rows (e.g. one system prompt in front of many requests;
+                `shared_prefix_length` finds it). Each row keeps at least one token of its
+                own. Not with speculative decoding. 0: every row is prefilled whole.
         """
         prompts = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
         if not prompts:
@@ -280,13 +302,16 @@ class Sampler:
         stop_tokens = [int(t) for t in stop_tokens]
         self._check(prompts, max_new, stop_tokens)
         prompts = [p.astype(np.int32) for p in prompts]
-        req, gen_slots = self._request(prompts, max_new, rows, stop_tokens)
+        prefix = self._prefix(prompts, shared_prefix)
+        own = [p[shared_prefix:] for p in prompts] if prefix is not None else prompts
+        req, gen_slots = self._request(own, max_new, rows, stop_tokens)
         key = seed if isinstance(seed, jax.Array) else jax.random.key(int(seed))
         state = self._compiled(
             self._graphs,
             self._states,
             req,
             key,
+            prefix,
             strategy=strategy or strategy_for(rows),
             gen_slots=gen_slots,
             num_draft_tokens=self.num_draft_tokens,
@@ -294,6 +319,23 @@ class Sampler:
         # Only the outputs travel to the host; the caches stay on the device and are freed.
         counts = None if state.draft is None else (state.draft.accepted, state.draft.verified)
         return self._output(prompts, *jax.device_get((state.out, counts)))
+
+    def _prefix(self, prompts: list[np.ndarray], shared: int) -> jax.Array | None:
+        """The shared prefix as [1, P] (None for 0); ValueError if the rows do not share it."""
+        if shared == 0:
+            return None
+        if self.num_draft_tokens:
+            raise ValueError("Sampler: shared_prefix is not supported with speculative decoding")
+        if shared < 0 or any(len(p) <= shared for p in prompts):
+            raise ValueError(
+                f"Sampler: shared_prefix={shared} must be >= 0 and leave every row at least one "
+                f"token of its own (shortest prompt: {min(len(p) for p in prompts)})"
+            )
+        head = prompts[0][:shared]
+        bad = [i for i, p in enumerate(prompts) if not np.array_equal(p[:shared], head)]
+        if bad:
+            raise ValueError(f"Sampler: rows {bad[:5]} do not share the first {shared} tokens")
+        return jnp.asarray(head[None, :])
 
     def lower(
         self,

@@ -238,11 +238,26 @@ def speculative_step(head, target, req, strategy, k: int, state: LoopState) -> L
     )
 
 
+def shared_prefix_cache(target, prefix: jax.Array, batch: int, slots: int) -> Cache:
+    """The cache after `prefix` [1, P] (the same leading tokens of every row), computed once
+    and given to each of `batch` rows."""
+    one = target(prefix, cache=target.init_cache(1, slots)).cache
+
+    def tile(x):  # layer caches are [repeats, B, ...]; `end` is [B]
+        axis = 0 if x.ndim == 1 else 1
+        if x.shape[axis] != 1:
+            raise AssertionError(f"prefix cache leaf {x.shape} has no batch axis of 1 at {axis}")
+        return jnp.repeat(x, batch, axis=axis)
+
+    return jax.tree.map(tile, one)
+
+
 def generate(
     graphs: tuple[nnx.GraphDef, nnx.GraphDef, nnx.GraphDef | None],
     states: tuple[nnx.State, nnx.State | None],
     req: Request,
     key: jax.Array,
+    prefix: jax.Array | None = None,
     *,
     strategy: Strategy,
     gen_slots: int,
@@ -253,16 +268,23 @@ def generate(
 
     `graphs` are the target's graph for prefill and for decoding (they may differ in runtime
     choices such as the MoE dispatch) and the head's (None without speculation); `states`
-    the target's and the head's parameters.
+    the target's and the head's parameters. `prefix` [1, P]: leading tokens every row shares,
+    prefilled once (`req` then holds each row's remaining tokens); not with speculation.
     """
     on_trace()
     prefill_graph, decode_graph, head_graph = graphs
     target_state, head_state = states
     k = num_draft_tokens
     batch, length = req.prompt_ids.shape
-    slots = length + gen_slots + k + 1
+    shared = 0 if prefix is None else prefix.shape[1]
+    if shared and k:
+        raise ValueError("a shared prefix is not supported with speculative decoding")
+    slots = shared + length + gen_slots + k + 1
     target = nnx.merge(prefill_graph, target_state)
-    cache = target.init_cache(batch, slots, rollback=k)
+    if shared:
+        cache = shared_prefix_cache(target, prefix, batch, slots)
+    else:
+        cache = target.init_cache(batch, slots, rollback=k)
     state, out = prefill(target, req, cache, key, strategy, gen_slots)
     target = nnx.merge(decode_graph, target_state)
     if k:

@@ -56,6 +56,9 @@ class JaxPolicy:
             default `Sampler(model, pad_id=tokenizer's pad id)`.
         seed: the seed used when `SamplingParams.seed` is None.
         preserve_thinking: render earlier turns' reasoning too (Qwen3.6 option).
+        share_prefix: in `generate_batch`, the leading tokens all conversations share (the
+            system prompt, tool schemas ...) are prefilled once, rounded down to a multiple of
+            this many tokens (0: every conversation prefilled whole).
     """
 
     inline = True  # pure in-process computation: the agent loop calls it on its own thread
@@ -69,6 +72,7 @@ class JaxPolicy:
         sampler: models.Sampler | None = None,
         seed: int = 0,
         preserve_thinking: bool = False,
+        share_prefix: int = 512,
     ):
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(
@@ -79,6 +83,9 @@ class JaxPolicy:
             raise ValueError(f"JaxPolicy: top_k={top_k} must be >= 0")
         self.tokenizer, self.top_k, self.seed = tokenizer, top_k, seed
         self.preserve_thinking = preserve_thinking
+        if share_prefix < 0:
+            raise ValueError(f"JaxPolicy: share_prefix={share_prefix} must be >= 0")
+        self.share_prefix = share_prefix
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.sampler = sampler or models.Sampler(model, pad_id=pad)
         self.stop_tokens = _stop_ids(tokenizer)
@@ -144,12 +151,16 @@ class JaxPolicy:
         budgets = [self._budget(p, sampling.max_tokens) for p in prompts]
         seed = self.seed if sampling.seed is None else sampling.seed
         key = jax.random.fold_in(jax.random.key(seed), len(prompts[0]))
+        shared = 0
+        if self.share_prefix and not self.sampler.num_draft_tokens:
+            shared = models.shared_prefix_length(prompts, multiple=self.share_prefix)
         out = self.sampler(
             prompts,
             max_new_tokens=budgets,
             sampling=self._settings(sampling),
             stop_tokens=self.stop_tokens,
             seed=key,
+            shared_prefix=shared,
         )
         self.last_output = out
         return [

@@ -365,3 +365,47 @@ def test_a_flash_prefill_equals_the_dense_one():
     dense, flash = outs["dense"], outs["flash"]
     np.testing.assert_array_equal(flash.tokens, dense.tokens)
     np.testing.assert_allclose(flash.policy_logprobs, dense.policy_logprobs, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_shared_prefix_prefilled_once_equals_transformers_generate(qwen3_5_pair):
+    """Rows sharing a system prompt: the shared tokens prefilled once and their cache given to
+    every row (`shared_prefix`: attention keys/values and DeltaNet states), then each row's own
+    tokens; greedy output equals transformers' `generate` on each whole prompt, and the
+    log-probs equal the unshared call's."""
+    from models import shared_prefix_length
+
+    hf, model = qwen3_5_pair
+    vocab = model.config.vocab_size
+    head = _prompts(vocab, lengths=(70,), seed=5)[0]
+    prompts = [head + tail for tail in _prompts(vocab, lengths=(9, 33, 1), seed=6)]
+    shared = shared_prefix_length(prompts, multiple=32)
+    assert shared == 64
+    sampler = Sampler(model)
+    out = sampler(prompts, max_new_tokens=NEW_TOKENS, sampling=GREEDY, shared_prefix=shared)
+    for i, p in enumerate(prompts):
+        ref, margin = _hf_greedy(hf, p, NEW_TOKENS)
+        assert margin > 1e-4, "pick another seed: the reference has a near-tie"
+        assert out.completion(i) == ref, f"row {i}"
+    plain = sampler(prompts, max_new_tokens=NEW_TOKENS, sampling=Sampling(temperature=1.0),
+                    seed=2)  # fmt: skip
+    again = sampler(prompts, max_new_tokens=NEW_TOKENS, sampling=Sampling(temperature=1.0),
+                    seed=2, shared_prefix=shared)  # fmt: skip
+    np.testing.assert_array_equal(again.tokens, plain.tokens)
+    np.testing.assert_allclose(again.policy_logprobs, plain.policy_logprobs, atol=LOGPROB_TOLERANCE)
+    assert out.prompts[0].tolist() == prompts[0]  # the output keeps the whole prompts
+
+
+def test_shared_prefix_requests_are_checked():
+    from models import shared_prefix_length
+
+    assert shared_prefix_length([[1, 2, 3, 4, 5]], multiple=1) == 0  # one row: nothing shared
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 9, 9]], multiple=1) == 3
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]], multiple=1) == 2  # one token of its own
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 9, 9]], multiple=2) == 2
+    config = QwenConfig.preset("tiny", vocab_size=256, dtype="float32", param_dtype="float32")
+    sampler = Sampler(Qwen(config, rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match=r"rows \[1\] do not share the first 3 tokens"):
+        sampler([[1, 2, 3, 4], [1, 2, 5, 6]], max_new_tokens=2, shared_prefix=3)
+    with pytest.raises(ValueError, match="at least one token of its own"):
+        sampler([[1, 2, 3], [1, 2, 3, 4]], max_new_tokens=2, shared_prefix=3)

@@ -129,3 +129,28 @@ def test_bad_settings_fail_clearly(model, tokenizer):
     small = nnx.eval_shape(lambda: Qwen(model.config.replace(vocab_size=64), rngs=nnx.Rngs(0)))
     with pytest.raises(ValueError, match="vocab_size"):
         JaxPolicy(small, tokenizer)
+
+
+def test_a_batch_shares_its_common_prefix_and_decodes_the_same(model, tokenizer):
+    """`generate_batch` prefills the conversations' common leading tokens (system prompt, tool
+    schemas) once; the turns equal those of a policy that prefills every row whole."""
+    shared = JaxPolicy(model, tokenizer, share_prefix=16)
+    whole = JaxPolicy(model, tokenizer, share_prefix=0)
+    calls = []
+    sampler_call = shared.sampler.__call__
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["shared_prefix"])
+        return sampler_call(*args, **kwargs)
+
+    shared.sampler = type("Spy", (), {"__call__": staticmethod(spy),
+                                      "max_length": whole.sampler.max_length,
+                                      "num_draft_tokens": 0})()  # fmt: skip
+    conversations = [(_conversation(q), TOOLS) for q in ("price of the serum?", "any coupon?")]
+    sampling = hx.SamplingParams(temperature=0.0, max_tokens=8, seed=1)
+    a = shared.generate_batch(conversations, sampling)
+    b = whole.generate_batch(conversations, sampling)
+    assert calls and calls[0] > 0 and calls[0] % 16 == 0
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    with pytest.raises(ValueError, match="share_prefix"):
+        JaxPolicy(model, tokenizer, share_prefix=-1)

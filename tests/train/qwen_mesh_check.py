@@ -77,8 +77,13 @@ def run(layout: str, params, config, batch, out: pathlib.Path) -> None:
              **{k: np.asarray(v) for k, v in jax.device_get(metrics).items()})  # fmt: skip
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, layouts: list[str] | None = None) -> None:
+    """Runs `layouts` (default: all of `LAYOUTS`; "reference" is always run first)."""
     out = pathlib.Path(out_dir)
+    names = ["reference", *[n for n in (layouts or LAYOUTS) if n != "reference"]]
+    unknown = sorted(set(names) - set(LAYOUTS))
+    if unknown:
+        raise SystemExit(f"unknown layouts {unknown}; known: {list(LAYOUTS)}")
     # The block-loop dispatch (its expert-parallel variant is the memory-lean gathered loop);
     # the capacity grid under a mesh: tests/train/test_moe_local.py.
     config = models.QwenConfig.preset("tiny", moe_dispatch="sorted")
@@ -87,10 +92,10 @@ def main(out_dir: str) -> None:
     batch = next(
         train.SyntheticTokenSource(batch_size=8, seq_len=128, vocab_size=config.vocab_size)
     )
-    for layout in LAYOUTS:
+    for layout in names:
         run(layout, params, config, batch, out)
         print(json.dumps({"done": layout}), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else None)
