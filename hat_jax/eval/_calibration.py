@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from hat_jax import files
+from hat_jax.metrics import cohen_kappa, confusion_matrix
 from rl.rewards._judge import JudgeVote, PanelVerdict
 
 RULES = "rules"
@@ -171,32 +172,6 @@ def run_predictions(run_dir: os.PathLike | str, set_name: str) -> dict[str, Labe
             "(calibrate a T1 or T2 set of a finished run)"
         )
     return {**(judge_predictions(verdicts) if verdicts else {}), RULES: rules}
-
-
-def confusion_matrix(pairs: list[tuple[float, float]], scale: tuple[float, ...]) -> np.ndarray:
-    """Counts of (human, judge) label pairs; rows are the human label, columns the judge's."""
-    index = {x: i for i, x in enumerate(scale)}
-    matrix = np.zeros((len(scale), len(scale)), dtype=np.int64)
-    for human, judge in pairs:
-        matrix[index[human], index[judge]] += 1
-    return matrix
-
-
-def cohen_kappa(matrix: np.ndarray) -> float | None:
-    """Cohen's kappa of a square confusion matrix.
-
-    Returns None when it is undefined: no pairs, or both raters always gave the same single
-    label (chance agreement 1).
-    """
-    m = np.asarray(matrix, dtype=np.float64)
-    n = m.sum()
-    if n == 0:
-        return None
-    observed = np.trace(m) / n
-    expected = float(m.sum(axis=1) @ m.sum(axis=0)) / (n * n)
-    if expected >= 1.0:
-        return None
-    return float((observed - expected) / (1.0 - expected))
 
 
 def _measure(pairs: list[tuple[float, float]], scale: tuple[float, ...]) -> dict[str, Any]:

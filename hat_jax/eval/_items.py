@@ -38,6 +38,14 @@ def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
+def stable_seed(*parts: Any, width: int = 4) -> int:
+    """A seed derived from `parts` (stable across processes and platforms): the first `width`
+    bytes of the sha256 of their `|`-joined text."""
+    return int.from_bytes(
+        hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:width], "big"
+    )
+
+
 def content_hash(obj: Any) -> str:
     """sha256 of the canonical JSON of `obj` (sorted keys, no whitespace)."""
     return hashlib.sha256(_canonical(obj).encode()).hexdigest()

@@ -16,7 +16,7 @@ this interface:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from hat_jax import harness as hx
@@ -109,4 +109,6 @@ def set_name(kind: str, split: str) -> str:
     return kind if split == "test" else f"{kind}-{split}"
 
 
-Scorer = Callable[[EvalItem, Prepared, Any], dict[str, float]]
+def kind_name(set_name: str) -> str:
+    """The kind a set name belongs to (`set_name`'s inverse): "t1" for "t1" and "t1-dev"."""
+    return set_name.split("-", 1)[0]

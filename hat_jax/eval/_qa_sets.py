@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import pathlib
 import random
 from collections.abc import Iterable, Sequence
@@ -44,7 +43,7 @@ import yaml
 
 from hat_jax import harness as hx
 from hat_jax import hsa
-from hat_jax.eval._items import EvalItem, EvalSet, SetVersionError, content_hash
+from hat_jax.eval._items import EvalItem, EvalSet, SetVersionError, content_hash, stable_seed
 from hat_jax.eval._kind import EvalContext, Prepared, set_name
 from rl import sim
 from rl.rewards import JudgeUnavailable, Rewarder, RewardVector
@@ -54,12 +53,6 @@ BANK_FILES = ("skills", "tools", "prompt", "hooks", "synthetic")
 QA_METRICS = ("accuracy", "effectiveness", "avg", "tool_rationality", "skill_selection")
 HELDOUT_EDIT = "heldout"
 _SEED_ATTEMPTS = 8
-
-
-def _seed(*parts: Any) -> int:
-    """A 32-bit seed derived from `parts` (stable across processes and platforms)."""
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "big")
 
 
 # ---------------------------------------------------------------------------------- banks
@@ -98,7 +91,7 @@ def training_bank_hash() -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _rewarder(harness: hx.Harness) -> Rewarder:
+def rewarder(harness: hx.Harness) -> Rewarder:
     """One `Rewarder` per released Harness (Harnesses hash by content)."""
     return Rewarder(harness)
 
@@ -145,11 +138,11 @@ def stratified_sample(
     for s in scenarios:
         by_family.setdefault(s.family, []).append(s)
     families = sorted(by_family)
-    random.Random(_seed(salt, "families", seed)).shuffle(families)
+    random.Random(stable_seed(salt, "families", seed)).shuffle(families)
     queues = []
     for family in families:
         pool = sorted(by_family[family], key=lambda s: s.id)
-        random.Random(_seed(salt, "family", family, seed)).shuffle(pool)
+        random.Random(stable_seed(salt, "family", family, seed)).shuffle(pool)
         queues.append(pool)
     out: list[sim.Scenario] = []
     depth = 0
@@ -197,7 +190,7 @@ class _ScenarioQA:
             request=scenario.request(ctx.world),
             tools=sandbox.tools,
             scenario=scenario,
-            extra={"sandbox": sandbox, "rewarder": _rewarder(ctx.harness), "judge": ctx.judge,
+            extra={"sandbox": sandbox, "rewarder": rewarder(ctx.harness), "judge": ctx.judge,
                    "judge_on_failure": ctx.judge_on_failure},
         )  # fmt: skip
 
@@ -333,7 +326,7 @@ class HarnessVariantQA(_ScenarioQA):
         task solvable, and the edited state."""
         failures = []
         for attempt in range(_SEED_ATTEMPTS):
-            edit_seed = _seed(self.name, "edit", seed, scenario.id, attempt)
+            edit_seed = stable_seed(self.name, "edit", seed, scenario.id, attempt)
             try:
                 return edit_seed, _heldout_state(
                     harness, scenario, edit_seed, self.dims, self.strength

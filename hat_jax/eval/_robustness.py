@@ -22,7 +22,6 @@ remainders), ordered by a hash of the seed and the scenario id. Item ids are sce
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import pathlib
 import random
 from collections.abc import Mapping, Sequence
@@ -30,8 +29,9 @@ from typing import Any
 
 from hat_jax import harness as hx
 from hat_jax.eval import _constraints, _distractors
-from hat_jax.eval._items import EvalItem, EvalSet
+from hat_jax.eval._items import EvalItem, EvalSet, stable_seed
 from hat_jax.eval._kind import EvalContext, Prepared, set_name
+from hat_jax.eval._qa_sets import rewarder
 from rl import sim
 from rl.rewards import RewardConfig, Rewarder
 from rl.rewards._rules import _Episode
@@ -64,7 +64,7 @@ TOOL_FACTS: Mapping[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
 
 
 def _h(*parts: Any) -> int:
-    return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "big")
+    return stable_seed(*parts, width=8)
 
 
 def scenarios_for(ctx: EvalContext, split: str) -> sim.ScenarioSet:
@@ -118,7 +118,7 @@ def _episode(item: EvalItem, prepared: Prepared, result: Any) -> tuple[sim.Scena
 
 def adr(scenario: sim.Scenario, ep: _Episode, harness: hx.Harness) -> float:
     """The core query addressed: the Rewarder's Effectiveness (0, 0.5 or 1)."""
-    return Rewarder(harness).effectiveness(scenario, ep)[0]
+    return rewarder(harness).effectiveness(scenario, ep)[0]
 
 
 def _agent_prepared(item: EvalItem, ctx: EvalContext, state: hx.HarnessState, extra_tools=None):
@@ -135,6 +135,22 @@ def _agent_prepared(item: EvalItem, ctx: EvalContext, state: hx.HarnessState, ex
 
 
 # ------------------------------------------------------------------------------ Tool Robustness
+def tool_item(s: sim.Scenario, records: Sequence[dict[str, Any]], name: str) -> EvalItem:
+    """The t3_tool item of scenario `s` with the distractor tools `records` (`spec_data`)."""
+    return EvalItem(
+        id=s.id,
+        set=name,
+        family=s.family,
+        scenario=s.to_dict(),
+        harness={"distractors": list(records)},
+        expect={
+            "calls": [c.tool for c in s.gold.calls],
+            "rc_facts": [f.id for f in tool_facts(s)],
+            "distractors": {r["name"]: r["mimics"] for r in records},
+        },
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class _T3ToolKind:
     """T3 Tool Robustness (see the module docstring)."""
@@ -150,20 +166,7 @@ class _T3ToolKind:
             looks = self._choose(ctx, s, rng)
             records = [_distractors.spec_data(look, ctx.harness) for look in looks]
             _distractors.with_distractors(ctx.harness, records)  # raises if invalid
-            items.append(
-                EvalItem(
-                    id=s.id,
-                    set=name,
-                    family=s.family,
-                    scenario=s.to_dict(),
-                    harness={"distractors": records},
-                    expect={
-                        "calls": [c.tool for c in s.gold.calls],
-                        "rc_facts": [f.id for f in tool_facts(s)],
-                        "distractors": {r["name"]: r["mimics"] for r in records},
-                    },
-                )
-            )
+            items.append(tool_item(s, records, name))
         generator = {"kind": self.name, "split": split, "size": size, "seed": seed,
                      "penalty": PENALTY, "bank": [look.name for look in _distractors.BANK]}  # fmt: skip
         return EvalSet(name, tuple(items), generator)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import datetime
-import hashlib
 import json
 import os
 import pathlib
@@ -39,8 +38,8 @@ from typing import Any
 
 from hat_jax import files
 from hat_jax import harness as hx
-from hat_jax.eval._items import EvalItem, EvalSet, SetVersionError
-from hat_jax.eval._kind import EvalContext, Prepared, SetKind
+from hat_jax.eval._items import EvalItem, EvalSet, SetVersionError, stable_seed
+from hat_jax.eval._kind import EvalContext, Prepared, SetKind, kind_name
 
 SUMMARY_FILE = "summary.json"
 ITEMS_DIR = "items"
@@ -87,10 +86,6 @@ class RunConfig:
             "concurrency": self.concurrency,
             "seed": self.seed,
         }
-
-
-def _seed(*parts: Any) -> int:
-    return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:4], "big")
 
 
 Job = tuple[EvalItem, Prepared]
@@ -153,7 +148,7 @@ class FactoryPolicy:
     def run(self, jobs: Sequence[Job], ctx: EvalContext, config: RunConfig, seed: int) -> list:
         out = []
         for k, job in enumerate(jobs):
-            sampling = dataclasses.replace(config.sampling, seed=_seed(seed, k))
+            sampling = dataclasses.replace(config.sampling, seed=stable_seed(seed, k))
             out.append(_run_one(job, self.factory(job[1], ctx), ctx, sampling))
         return out
 
@@ -169,7 +164,7 @@ class EndpointPolicy:
 
     def run(self, jobs: Sequence[Job], ctx: EvalContext, config: RunConfig, seed: int) -> list:
         def run(k: int):
-            sampling = dataclasses.replace(config.sampling, seed=_seed(seed, k))
+            sampling = dataclasses.replace(config.sampling, seed=stable_seed(seed, k))
             return _run_one(jobs[k], self.policy, ctx, sampling)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=config.concurrency) as pool:
@@ -317,7 +312,7 @@ def evaluate(
         "sets": dict(previous["sets"]),
     }
     for s in sets:
-        kind = kinds[s.name.split("-")[0]]
+        kind = kinds[kind_name(s.name)]
         if getattr(policy, "agent_only", False) and not all(i.agent for i in s):
             reason = f"{policy.description.get('kind')} answers live-room requests only"
             summary.setdefault("skipped", {})[s.name] = reason
@@ -356,9 +351,9 @@ def _evaluate_set(
                 continue
             jobs = [(item, kind.prepare(item, ctx)) for item in todo]
             start = time.perf_counter()
-            results = policy.run(jobs, ctx, config, _seed(config.seed, eval_set.name, c))
+            results = policy.run(jobs, ctx, config, stable_seed(config.seed, eval_set.name, c))
             seconds = (time.perf_counter() - start) / len(jobs)
-            lines = []
+            records = []
             for (item, prepared), result in zip(jobs, results, strict=True):
                 scores = kind.score(item, prepared, result)
                 rec = _record(item, scores, result, seconds, config.keep_trajectories)
@@ -367,12 +362,13 @@ def _evaluate_set(
                 if "details" in prepared.extra:
                     rec["details"] = prepared.extra["details"]
                 done[item.id] = rec
-                lines.append(json.dumps(rec, ensure_ascii=False, default=str))
-            if c == 0 and all(json.loads(x)["policy_errors"] for x in lines):
+                records.append(rec)
+            if c == 0 and all(r["policy_errors"] for r in records):
                 raise EvalError(
                     f"{eval_set.name}: every item of the first chunk failed with a policy error "
                     f"(e.g. {_first_error(results)}); nothing written"
                 )
+            lines = (json.dumps(r, ensure_ascii=False, default=str) for r in records)
             files.write_jsonl(path, lines, append=True)
             bar.update(len(done))
     finally:

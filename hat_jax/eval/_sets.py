@@ -27,14 +27,6 @@ SPLITS = ("dev", "test")
 DEFAULT_SIZES = {"t1": 26, "t2": 26, "t3_tool": 26, "t3_prompt": 26, "general": 40, "ifeval": 541}
 
 
-def kind_of(name: str) -> SetKind:
-    """The kind of a set name (`t1`, or `t1-dev` for the dev split's build)."""
-    base = name.split("-")[0]
-    if base not in KINDS:
-        raise ValueError(f"unknown evaluation set {name!r}; known: {sorted(KINDS)}")
-    return KINDS[base]
-
-
 def ensure_set(
     kind: str,
     ctx: EvalContext,

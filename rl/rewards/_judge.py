@@ -30,6 +30,7 @@ import jinja2
 
 from hat_jax import files, llm_client
 from hat_jax import harness as hx
+from hat_jax.metrics import cohen_kappa, confusion_matrix
 from rl.rewards._rules import RewardVector
 from rl.sim import Scenario
 
@@ -243,14 +244,11 @@ class JudgedRewarder:
 
 # ------------------------------------------------------------------------------ agreement
 def _kappa(pairs: Sequence[tuple[float, float]], labels: Sequence[float]) -> float | None:
-    n = len(pairs)
-    if not n:
+    """Cohen's kappa (None without pairs; 1.0 when both raters gave one single label)."""
+    if not pairs:
         return None
-    observed = sum(a == b for a, b in pairs) / n
-    expected = sum(
-        (sum(a == x for a, _ in pairs) / n) * (sum(b == x for _, b in pairs) / n) for x in labels
-    )
-    return 1.0 if expected == 1 else (observed - expected) / (1 - expected)
+    kappa = cohen_kappa(confusion_matrix(pairs, labels))
+    return 1.0 if kappa is None else kappa
 
 
 def _dimension(pairs: list[tuple[float, float]], labels: Sequence[float]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from hat_jax import harness as hx
-from hat_jax.eval import _constraints, _distractors
+from hat_jax.eval import _constraints, _distractors, _robustness
 from hat_jax.eval._items import EvalItem, write_set
 from hat_jax.eval._kind import EvalContext
 from hat_jax.eval._robustness import PENALTY, T3_PROMPT, T3_TOOL, tool_facts
@@ -48,18 +48,7 @@ def tool_item(ctx, sid: str, names: list[str]) -> EvalItem:
     s = scenario(sid)
     looks = [next(x for x in _distractors.BANK if x.name == n) for n in names]
     records = [_distractors.spec_data(x, ctx.harness) for x in looks]
-    return EvalItem(
-        id=s.id,
-        set="t3_tool",
-        family=s.family,
-        scenario=s.to_dict(),
-        harness={"distractors": records},
-        expect={
-            "calls": [c.tool for c in s.gold.calls],
-            "rc_facts": [f.id for f in tool_facts(s)],
-            "distractors": {r["name"]: r["mimics"] for r in records},
-        },
-    )
+    return _robustness.tool_item(s, records, "t3_tool")
 
 
 def prompt_item(sid: str, constraints: list[dict]) -> EvalItem:

@@ -5,10 +5,6 @@ experts stored as `PARAM_RULES` lay them out (see `moe_local_check.py`; run in a
 under XLA's classic CPU runtime)."""
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +12,7 @@ import pytest
 
 import models
 from hat_jax import sharding
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests._devices import run_on_eight_devices
 
 
 def test_local_map_without_a_mesh_calls_the_function():
@@ -49,15 +44,8 @@ def test_expert_parallel_without_a_mesh_is_the_dispatch():
 
 @pytest.mark.slow
 def test_shard_local_dispatch_equals_one_device():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 --xla_cpu_use_thunk_runtime=false"
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.train.moe_local_check"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = run_on_eight_devices("tests.train.moe_local_check", timeout=600)
+    results = json.loads(stdout.strip().splitlines()[-1])
     kinds = {name.split("/", 1)[1] for name in results}
     assert kinds == {"shard_local/sorted"} | {
         f"expert_parallel/{d}" for d in ("sorted", "gathered", "dense", "ragged", "capacity")

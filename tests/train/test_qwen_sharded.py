@@ -4,31 +4,19 @@ the block-loop dispatch (see `qwen_mesh_check.py`). The layouts with the product
 (shard-local and expert-parallel dispatch, flash attention) are `test_qwen_sharded_kernels.py`:
 two modules, so the two halves run side by side."""
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
+from tests._devices import run_on_eight_devices
 from tests.train.qwen_mesh_check import LAYOUTS
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 PLAIN = [n for n in LAYOUTS if n != "reference" and not n.endswith(("_local", "_ep"))]
 
 
 def run_layouts(tmp_path_factory, names: list[str]) -> dict[str, dict[str, np.ndarray]]:
     """The reference and `names`, one SFT step each, in a subprocess of 8 fake devices."""
     out = tmp_path_factory.mktemp("qwen_mesh")
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 --xla_cpu_use_thunk_runtime=false"
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.train.qwen_mesh_check", str(out), ",".join(names)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_on_eight_devices("tests.train.qwen_mesh_check", str(out), ",".join(names))
     return {name: dict(np.load(out / f"{name}.npz")) for name in ["reference", *names]}
 
 
