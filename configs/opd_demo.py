@@ -52,6 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             max_prompt_len=96,
             enable_thinking=False,
             tokenizer_dir="",  # "" = the demo tokenizer (or the policy's HF directory)
+            data_shards=0,  # prompt streams (the batch does not depend on the process count)
         )
     )
     c.sampling = ml_collections.ConfigDict(

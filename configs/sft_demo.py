@@ -57,6 +57,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             tokenizer_dir="",
             truncation="drop",
             worker_count=0,
+            # Independent record streams; the global batch depends on this, not on the number
+            # of processes (which must divide it). 0: gcd(batch_size, 8).
+            data_shards=0,
         )
     )
     c.trainer = configs.trainer(

@@ -22,6 +22,8 @@ Public API:
     The Grain pipelines (`data.pipeline`):
         PipelineConfig, OnlineHSAConfig, BATCH_KEYS, sft_data, build_sft_dataset,
         make_augmenter, HsaAugmenter, opd_prompt_data, DataIterator, pad_id
+    Data shards (`data._shards`; the global batch does not depend on the process count):
+        resolve_shards, owned_shards, DEFAULT_SHARDS
     The demo tokenizer: `data.tokenizer.load_tokenizer` (module `data.tokenizer`).
 """
 
@@ -56,6 +58,7 @@ from data._iterator import DataIterator
 from data._records import SCHEMA as CORPUS_SCHEMA
 from data._records import CorpusWriter, corpus_record, state_info, write_json
 from data._rerender import RerenderError, loaded_skills, pin_constraints, rerender
+from data._shards import DEFAULT_SHARDS, owned_shards, resolve_shards
 from data._sources import JsonlSource, open_source
 from data.pipeline import (
     BATCH_KEYS,
@@ -88,6 +91,7 @@ __all__ = [
     "Conversation",
     "ConversionError",
     "CorpusWriter",
+    "DEFAULT_SHARDS",
     "DataIterator",
     "Instruction",
     "JsonlSource",
@@ -112,11 +116,13 @@ __all__ = [
     "mark_retries",
     "opd_prompt_data",
     "open_source",
+    "owned_shards",
     "pad_id",
     "parse_instruction",
     "pin_constraints",
     "prepare",
     "rerender",
+    "resolve_shards",
     "sft_data",
     "split_rows",
     "state_info",

@@ -21,18 +21,20 @@ JSONL_SUFFIXES = (".jsonl", ".json")
 
 
 class JsonlSource:
-    """Random access to the non-blank lines of a JSONL file (as bytes)."""
+    """Random access to the non-blank lines of a JSONL file (as bytes). Reads are positional
+    (`os.pread`), so the threads of several data shards may read one source at once."""
 
     def __init__(self, path: os.PathLike | str):
         self.path = pathlib.Path(path)
-        offsets = []
+        offsets, lengths = [], []
         with open(self.path, "rb") as f:
             pos = 0
             for line in f:
                 if line.strip():
                     offsets.append(pos)
+                    lengths.append(len(line))
                 pos += len(line)
-        self._offsets = offsets
+        self._offsets, self._lengths = offsets, lengths
         self._file = None
 
     def __len__(self) -> int:
@@ -41,8 +43,7 @@ class JsonlSource:
     def __getitem__(self, index: int) -> bytes:
         if self._file is None:
             self._file = open(self.path, "rb")  # noqa: SIM115 - kept open for random reads
-        self._file.seek(self._offsets[index])
-        return self._file.readline()
+        return os.pread(self._file.fileno(), self._lengths[index], self._offsets[index])
 
     def location(self, index: int) -> str:
         return f"{self.path}:record {index}"

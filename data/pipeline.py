@@ -23,9 +23,12 @@ without worker processes. `get_state()` (JSON) taken after a batch and given to 
 on a fresh iterator continues with exactly the batches an uninterrupted run would produce; the
 trainer saves it with each checkpoint.
 
-Multi-host: each JAX process reads every `process_count`-th record and packs them alone. With
+Multi-host: the records are split into data shards (`data._shards`), each shuffled, prepared
+and packed on its own; a process reads consecutive shards and its rows of the global batch
+are theirs. The global batch depends on the shard count, not on the process count, so 1, 2
+or 4 processes train on the same batches and resume each other's checkpoints. With
 `num_epochs=None` (the default) the stream never ends and the trainer stops at its step count;
-with a finite epoch count, processes may run out one batch apart.
+with a finite epoch count, the stream ends when the first shard runs out.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from data._examples import Augmenter, RenderOptions, prepare
 from data._instructions import Instruction
 from data._iterator import DataIterator
 from data._prompts import PreparePrompt
+from data._shards import owned_shards, resolve_shards, shard_of, shard_seed
 from data._sources import open_source
 
 BATCH_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
@@ -83,14 +87,18 @@ class PipelineConfig:
       num_epochs: passes over the data; None repeats forever.
       truncation: "drop" or "right" for rows longer than `seq_len` (`data._examples`).
       enable_thinking, preserve_thinking: render options (see `hat_jax.chat_format`).
-      pack_bins: rows packed at once by first-fit (None: max(local batch, 16)); more bins,
-        less padding.
+      pack_bins: rows packed at once by first-fit in each data shard (None: max(the shard's
+        rows per batch, 16)); more bins, less padding.
       shuffle_bins: shuffle the rows of each packed group (seeded).
-      worker_count: worker processes for decoding and rendering (0 = in this process).
+      worker_count: worker processes for decoding and rendering, per JAX process, divided
+        among its data shards (at least one each; 0 = in this process).
       worker_buffer_size: prepared records buffered per worker.
       read_threads: threads preparing records when there are no workers.
       online_hsa: online augmentation of stored trajectories.
       tokenizer_dir: a Hugging Face tokenizer directory (None = the demo tokenizer).
+      data_shards: independent streams the records are split into (0: the default of
+        `data._shards.resolve_shards`); the global batch depends on it, not on the number
+        of processes, which must divide it.
     """
 
     sources: tuple[str, ...]
@@ -110,6 +118,7 @@ class PipelineConfig:
     read_threads: int = 1
     online_hsa: OnlineHSAConfig = OnlineHSAConfig()
     tokenizer_dir: str | None = None
+    data_shards: int = 0
 
     def __post_init__(self):
         if isinstance(self.sources, str | os.PathLike):
@@ -121,6 +130,8 @@ class PipelineConfig:
             raise ValueError(f"global_batch_size must be positive, got {self.global_batch_size}")
         if self.num_epochs is not None and self.num_epochs < 1:
             raise ValueError(f"num_epochs must be positive or None, got {self.num_epochs}")
+        if self.data_shards < 0:
+            raise ValueError(f"data_shards must be >= 0 (0: the default), got {self.data_shards}")
         self.render_options()  # validates seq_len, truncation, probability
 
     def render_options(self) -> RenderOptions:
@@ -161,19 +172,18 @@ class HsaAugmenter:
 
 
 class _Prepare:
-    """`(location, raw)` at stream index i -> `(location, Prepared)`; picklable for workers."""
+    """`(location, raw)` at stream index i of data shard `shard` -> `(location, Prepared)`;
+    picklable for workers."""
 
-    def __init__(self, tokenizer, options: RenderOptions, seed: int, augmenter: Augmenter | None):
-        self.tokenizer, self.options, self.seed, self.augmenter = (
-            tokenizer,
-            options,
-            seed,
-            augmenter,
-        )
+    def __init__(
+        self, tokenizer, options: RenderOptions, seed: int, augmenter: Augmenter | None, shard=0
+    ):
+        self.tokenizer, self.options, self.augmenter = tokenizer, options, augmenter
+        self.seed, self.shard = seed, shard
 
     def __call__(self, index: int, item: tuple[str, Any]):
         location, raw = item
-        rng = np.random.default_rng([self.seed, 0x5EED, index])
+        rng = np.random.default_rng([self.seed, 0x5EED, self.shard, index])
         prepared = prepare(
             raw,
             record_id=location,
@@ -222,43 +232,43 @@ def build_sft_dataset(
     tokenizer: Any,
     source: Any | None = None,
     augmenter: Augmenter | None = None,
-    process_index: int = 0,
-    process_count: int = 1,
+    shard: int = 0,
+    shards: int = 1,
+    workers: int | None = None,
 ) -> grain.IterDataset:
-    """The Grain dataset of process-local batches (`sft_data` wraps it in a `DataIterator`).
+    """The Grain dataset of one data shard's batches (`sft_data` reads this process's shards).
 
     Args:
       config: the pipeline config.
       tokenizer: what `hat_jax.chat_format.render_tokens` accepts.
       source: a random-access source of records (default: `config.sources`).
       augmenter: fresh Harness states for online HSA (default: from `config.online_hsa`).
-      process_index, process_count: this JAX process and how many read the data.
+      shard, shards: this data shard (it reads records `shard, shard + shards, ...`) and the
+        shard count; each batch holds `global_batch_size / shards` rows.
+      workers: worker processes for this shard (default `config.worker_count`).
     """
-    if config.global_batch_size % process_count:
+    if config.global_batch_size % shards or not 0 <= shard < shards:
         raise ValueError(
-            f"global_batch_size {config.global_batch_size} is not divisible by "
-            f"{process_count} processes"
+            f"data shard {shard} of {shards}: the shard count must divide global_batch_size "
+            f"{config.global_batch_size}"
         )
-    local_batch = config.global_batch_size // process_count
+    rows_per_batch = config.global_batch_size // shards
+    workers = config.worker_count if workers is None else workers
     source = source if source is not None else open_source(config.sources, config.split)
     if augmenter is None and config.online_hsa.probability > 0:
         augmenter = make_augmenter(config.online_hsa)
     ds = grain.MapDataset.source(source).map_with_index(_Locate(source))
-    ds = ds[process_index::process_count]
-    if len(ds) == 0:
-        raise ValueError(f"process {process_index} of {process_count} has no records")
-    records_per_epoch = len(ds)
-    if config.shuffle:
-        ds = ds.shuffle(seed=config.seed)
+    ds, records_per_epoch = shard_of(ds, shard, shards, seed=config.seed, shuffle=config.shuffle)
     ds = ds.repeat(config.num_epochs)
-    ds = ds.map_with_index(_Prepare(tokenizer, config.render_options(), config.seed, augmenter))
+    prep = _Prepare(tokenizer, config.render_options(), config.seed, augmenter, shard)
+    ds = ds.map_with_index(prep)
     read = grain.ReadOptions(num_threads=config.read_threads, prefetch_buffer_size=64)
     it = ds.to_iter_dataset(read)
-    if config.worker_count > 0:
+    if workers > 0:
         _ensure_flags_parsed()
         it = it.mp_prefetch(
             grain.MultiprocessingOptions(
-                num_workers=config.worker_count, per_worker_buffer_size=config.worker_buffer_size
+                num_workers=workers, per_worker_buffer_size=config.worker_buffer_size
             )
         )
     rows = RowsIterDataset(it, max_barren=records_per_epoch)
@@ -266,12 +276,12 @@ def build_sft_dataset(
     packed = grain.experimental.FirstFitPackIterDataset(
         rows,
         length_struct=length,
-        num_packing_bins=config.pack_bins or max(local_batch, 16),
-        seed=config.seed,
+        num_packing_bins=config.pack_bins or max(rows_per_batch, 16),
+        seed=shard_seed(config.seed, shard),
         shuffle_bins=config.shuffle_bins,
         padding_struct={"input_ids": pad_id(tokenizer), "loss_mask": 0},
     )
-    return packed.map(_packed_to_batch_row).batch(local_batch, drop_remainder=True)
+    return packed.map(_packed_to_batch_row).batch(rows_per_batch, drop_remainder=True)
 
 
 def _ensure_flags_parsed() -> None:
@@ -282,9 +292,10 @@ def _ensure_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-def _fingerprint(config: PipelineConfig, process_index: int, process_count: int) -> str:
-    """Identifies what a saved state is a position in. The worker count is part of it: a
-    state of a pipeline with worker processes has their layout (Grain cannot re-slice it)."""
+def _fingerprint(config: PipelineConfig, shards: int, workers: int) -> str:
+    """Identifies what a saved state is a position in: the data config and shard count, not
+    the process count. The workers per shard are part of it: a state of a pipeline with worker
+    processes has their layout (Grain cannot re-slice it)."""
     keys = dict(
         sources=config.sources,
         split=config.split,
@@ -297,8 +308,8 @@ def _fingerprint(config: PipelineConfig, process_index: int, process_count: int)
         thinking=(config.enable_thinking, config.preserve_thinking),
         bins=(config.pack_bins, config.shuffle_bins),
         hsa=dataclasses.asdict(config.online_hsa),
-        process=(process_index, process_count),
-        workers=config.worker_count,
+        shards=shards,
+        workers=workers,
     )
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -323,20 +334,30 @@ def sft_data(
     """The SFT batch iterator for this JAX process (a `hat_jax.train.DataSource`).
 
     `tokenizer` defaults to `config.tokenizer_dir` (or the demo tokenizer); process index and
-    count default to JAX's. `stats()` adds batches, slots, tokens (non-padding), target
+    count default to JAX's. The process reads its consecutive data shards. `stats()` adds batches, slots, tokens (non-padding), target
     tokens and the padding fraction to the record counts.
     """
     tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(config.tokenizer_dir)
     process_index, process_count = _process(process_index, process_count)
-    dataset = build_sft_dataset(
-        config,
-        tokenizer=tokenizer,
-        source=source,
-        augmenter=augmenter,
-        process_index=process_index,
-        process_count=process_count,
-    )
-    return DataIterator(dataset, _fingerprint(config, process_index, process_count), _sft_measure)
+    shards = resolve_shards(config.data_shards, config.global_batch_size, process_count)
+    owned = owned_shards(shards, process_index, process_count)
+    workers = -(-config.worker_count // len(owned)) if config.worker_count else 0
+    source = source if source is not None else open_source(config.sources, config.split)
+    if augmenter is None and config.online_hsa.probability > 0:
+        augmenter = make_augmenter(config.online_hsa)
+    datasets = {
+        s: build_sft_dataset(
+            config,
+            tokenizer=tokenizer,
+            source=source,
+            augmenter=augmenter,
+            shard=s,
+            shards=shards,
+            workers=workers,
+        )
+        for s in owned
+    }
+    return DataIterator(datasets, _fingerprint(config, shards, workers), _sft_measure)
 
 
 def _load_tokenizer(path: str | None):
@@ -367,40 +388,36 @@ def opd_prompt_data(
     tokenizer: Any | None = None,
     process_index: int | None = None,
     process_count: int | None = None,
+    data_shards: int = 0,
 ) -> DataIterator:
     """Batches of instruction prompts for General OPD, for this JAX process.
 
     Each batch: `prompt_ids` int32 `[b, max_prompt_len]` (right-padded with the pad token),
     `prompt_lengths` int32 `[b]`, and `index` int32 `[b]` into `instructions` (for ids,
     constraints and references). Prompts longer than `max_prompt_len` are dropped and counted.
-    Deterministic in `seed`; state save/restore as for SFT.
+    Deterministic in `seed`; split into data shards (0: the default count) and saved or
+    restored as for SFT, so the global batch does not depend on the process count.
     """
     if not instructions:
         raise ValueError("opd_prompt_data: no instructions")
     tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(None)
     process_index, process_count = _process(process_index, process_count)
-    if global_batch_size % process_count:
-        raise ValueError(
-            f"global_batch_size {global_batch_size} is not divisible by {process_count} processes"
-        )
-    items = list(enumerate(instructions))
-    ds = grain.MapDataset.source(items)[process_index::process_count]
-    if len(ds) == 0:
-        raise ValueError(f"process {process_index} of {process_count} has no instructions")
-    barren = len(ds)
-    if shuffle:
-        ds = ds.shuffle(seed=seed)
+    shards = resolve_shards(data_shards, global_batch_size, process_count)
     prepare_prompt = PreparePrompt(
         tokenizer,
         max_prompt_len=max_prompt_len,
         pad=pad_id(tokenizer),
         enable_thinking=enable_thinking,
     )
+    items = grain.MapDataset.source(list(enumerate(instructions)))
     read = grain.ReadOptions(num_threads=1, prefetch_buffer_size=64)
-    it = ds.repeat(num_epochs).map_with_index(prepare_prompt).to_iter_dataset(read)
-    batches = RowsIterDataset(it, max_barren=barren).batch(
-        global_batch_size // process_count, drop_remainder=True
-    )
+    datasets = {}
+    for shard in owned_shards(shards, process_index, process_count):
+        ds, barren = shard_of(items, shard, shards, seed=seed, shuffle=shuffle, what="instructions")
+        it = ds.repeat(num_epochs).map_with_index(prepare_prompt).to_iter_dataset(read)
+        datasets[shard] = RowsIterDataset(it, max_barren=barren).batch(
+            global_batch_size // shards, drop_remainder=True
+        )
     keys = dict(
         n=len(instructions),
         ids=hashlib.sha256("\n".join(i.id for i in instructions).encode()).hexdigest(),
@@ -410,9 +427,9 @@ def opd_prompt_data(
         shuffle=shuffle,
         epochs=num_epochs,
         thinking=enable_thinking,
-        process=(process_index, process_count),
+        shards=shards,
     )
     fingerprint = hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
     return DataIterator(
-        batches, fingerprint, lambda b: {"prompt_tokens": b["prompt_lengths"].sum()}
+        datasets, fingerprint, lambda b: {"prompt_tokens": b["prompt_lengths"].sum()}
     )

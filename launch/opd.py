@@ -109,6 +109,7 @@ def _instructions(c, tokenizer):
     prompts = data.opd_prompt_data(
         train_set, global_batch_size=c.trainer.batch_size, max_prompt_len=c.data.max_prompt_len,
         seed=c.trainer.seed, enable_thinking=c.data.enable_thinking, tokenizer=tokenizer,
+        data_shards=c.data.data_shards,
     )  # fmt: skip
     return prompts, heldout
 

@@ -58,7 +58,8 @@ def build(c, *, run_dir: str | None = None) -> Built:
     hsa = data.OnlineHSAConfig(probability=c.data.online_hsa_probability)
     pipeline = dict(sources=(c.data.corpus or "<unset>",), seq_len=t.seq_len, seed=t.seed,
                     global_batch_size=t.batch_size, truncation=c.data.truncation,
-                    tokenizer_dir=tokenizer_dir, worker_count=c.data.worker_count)  # fmt: skip
+                    tokenizer_dir=tokenizer_dir, worker_count=c.data.worker_count,
+                    data_shards=c.data.data_shards)  # fmt: skip
     evaluation = None
     if c.data.eval_split:
         evaluation = data.PipelineConfig(split=c.data.eval_split, shuffle=False, **pipeline)

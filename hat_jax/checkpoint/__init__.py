@@ -3,7 +3,7 @@
 iterator state + config saved together, restore into abstract sharded state). `describe_mismatch`
 is the one missing / unexpected / mis-shaped report, also used for HF directories."""
 
-from hat_jax.checkpoint._manager import CheckpointManager, Restored
+from hat_jax.checkpoint._manager import CheckpointManager, ProcessStates, Restored
 from hat_jax.checkpoint._params import (
     CheckpointError,
     CheckpointMismatchError,
@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "CheckpointMismatchError",
+    "ProcessStates",
     "Restored",
     "describe_mismatch",
     "read_model_config",

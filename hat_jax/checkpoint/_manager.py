@@ -5,6 +5,7 @@ Layout of `<run>/checkpoints/<step>/`:
     params/          the model parameters (nested dict, as written by `save_params`)
     train_state/     the rest of the train state: step, optimiser state, RNG, counters
     data/            the data iterator's state, one JSON file per JAX process
+                     (`process_<i>-of-<n>.json`)
     config/          the run config (JSON)
     model_config/    the model config (JSON)
 
@@ -49,11 +50,32 @@ from hat_jax.checkpoint._params import (
 _log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class ProcessStates:
+    """The data states of every process of a run saved with another process count (in
+    process order): a data source that can re-split its position (e.g. by data shards) takes
+    what it now reads from them; any other source must refuse them."""
+
+    states: tuple[Any, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.states)
+
+
+def _read_state(path: epath.Path) -> Any:
+    record = json.loads(path.read_text())
+    state = record["state"]
+    return state.encode("latin-1") if record["kind"] == "bytes" else state
+
+
 class _DataStateHandler(ocp.CheckpointHandler):
     """Writes each process's data-iterator state to `process_<i>-of-<n>.json`."""
 
-    def _file(self, directory: epath.Path) -> epath.Path:
-        return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    def _file(self, directory: epath.Path, index=None, count=None) -> epath.Path:
+        index = jax.process_index() if index is None else index
+        count = jax.process_count() if count is None else count
+        return directory / f"process_{index}-of-{count}.json"
 
     def save(self, directory: epath.Path, args: DataStateSave) -> None:
         state = args.state
@@ -64,15 +86,21 @@ class _DataStateHandler(ocp.CheckpointHandler):
         self._file(directory).write_text(json.dumps(record))
 
     def restore(self, directory: epath.Path, args: DataStateRestore | None = None) -> Any:
+        """This process's state; or, for a checkpoint of another process count, every
+        process's state as `ProcessStates`."""
         path = self._file(directory)
-        if not path.exists():
-            raise CheckpointError(
-                f"no data state for this process at {path} (was the run saved with a different "
-                "number of processes?)"
-            )
-        record = json.loads(path.read_text())
-        state = record["state"]
-        return state.encode("latin-1") if record["kind"] == "bytes" else state
+        if path.exists():
+            return _read_state(path)
+        counts = sorted({int(p.name.rsplit("-of-", 1)[1][: -len(".json")])
+                         for p in directory.glob("process_*-of-*.json")})  # fmt: skip
+        for count in counts:
+            paths = [self._file(directory, i, count) for i in range(count)]
+            if all(p.exists() for p in paths):
+                return ProcessStates(tuple(_read_state(p) for p in paths))
+        raise CheckpointError(
+            f"no data state for this process at {path}, and no complete set of another "
+            f"process count (files for counts {counts})"
+        )
 
     def metadata(self, directory: epath.Path) -> None:
         return None
@@ -104,7 +132,8 @@ class Restored:
       step: the step restored.
       state: the train state, laid out like the abstract state given; its `frozen` part is
         the abstract one given (the caller supplies the arrays).
-      data_state: this process's data-iterator state (None if none was saved).
+      data_state: this process's data-iterator state (None if none was saved), or
+        `ProcessStates` when the checkpoint was written by another number of processes.
       config: the run config saved with it.
       model_config: the model config saved with it.
       skipped: `(step, error)` for newer checkpoints that could not be read.

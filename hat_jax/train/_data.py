@@ -15,6 +15,11 @@ dict (or bytes / str) taken *after* the last batch returned, and `set_state(stat
 exactly there: the trainer saves it with every checkpoint. For an on-policy source that state
 includes its sampling RNG position, so a resumed run samples what an uninterrupted one would.
 
+A checkpoint written by another number of processes holds one state per process of that
+run. A source whose class sets `resplits_states = True` takes the list of them in
+`set_state` and reads on from its part (the Grain pipeline does, by data shards); the
+trainer refuses such a checkpoint for any other source, naming the process counts.
+
 `SyntheticTokenSource` is for tests, benchmarks and plans only (its tokens follow simple
 learnable rules, so losses fall); training stages use the data pipeline.
 """

@@ -36,7 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from hat_jax.checkpoint import CheckpointManager, Restored
+from hat_jax.checkpoint import CheckpointError, CheckpointManager, ProcessStates, Restored
 from hat_jax.metrics import MetricsWriter, Progress, plot_metrics, read_metrics
 from hat_jax.sharding import ACTIVATION_RULES, Rules, global_batch
 from hat_jax.train._data import DataSource, OnPolicySource
@@ -262,12 +262,32 @@ class Trainer:
         for step, error in restored.skipped:
             _log.warning("checkpoint %d was unreadable and set aside: %s", step, error)
         self.set_state(restored.state.replace(frozen=frozen))
-        if restored.data_state is not None:
+        if isinstance(restored.data_state, ProcessStates):
+            self._adopt_process_states(restored.step, restored.data_state)
+        elif restored.data_state is not None:
             self.data.set_state(restored.data_state)
         self.metrics.rewind(restored.step)
         self.last_saved = restored.step
         _log.info("resumed from step %d", restored.step)
         return restored
+
+    def _adopt_process_states(self, step: int, saved: ProcessStates) -> None:
+        """A checkpoint of another process count: a source that re-splits its position (its
+        `set_state` takes the list of every process's state, e.g. `data.DataIterator`) takes
+        its part; any other source cannot continue exactly, so the run stops."""
+        if not getattr(self.data, "resplits_states", False):
+            raise CheckpointError(
+                f"checkpoint step {step} was written by {saved.count} processes and this run "
+                f"has {jax.process_count()}: the data source {type(self.data).__name__} cannot "
+                f"re-split its position; resume with {saved.count} processes"
+            )
+        try:
+            self.data.set_state(list(saved.states))
+        except ValueError as err:
+            raise CheckpointError(
+                f"checkpoint step {step} was written by {saved.count} processes and this run "
+                f"has {jax.process_count()}: {err}"
+            ) from err
 
     def model(self, state: TrainState | None = None) -> Any:
         """The model(s) of `state` (default: the current state) as one module."""

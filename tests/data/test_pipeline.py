@@ -120,18 +120,67 @@ def test_restore_refuses_another_configuration(chat_file, tokenizer):
         _iterator(chat_file, tokenizer, seed=1, seq_len=512).set_state(it.get_state())
 
 
-def test_processes_read_disjoint_records(chat_file, tokenizer):
-    seen = []
-    for p in range(2):
-        it = _iterator(chat_file, tokenizer, process=(p, 2), global_batch_size=4, num_epochs=1)
-        segs = {s[0] for b in it for s in _segments(b)}
-        assert next(iter(_iterator(chat_file, tokenizer, process=(p, 2), global_batch_size=4)))[
-            "input_ids"
-        ].shape == (2, 256)
-        seen.append(segs)
-    assert seen[0] and seen[1] and not seen[0] & seen[1]
-    with pytest.raises(ValueError, match="divisible"):
+def _global(chat_file, tokenizer, processes, steps, state=None, **kw):
+    """`steps` global batches read by `processes` processes (their rows concatenated in
+    process order, as `jax.make_array_from_process_local_data` lays them out)."""
+    its = [_iterator(chat_file, tokenizer, process=(p, processes), **kw) for p in range(processes)]
+    for it in its:
+        if state is not None:
+            it.set_state(json.loads(json.dumps(state)))
+    batches = [
+        {k: np.concatenate([b[k] for b in parts]) for k in parts[0]}
+        for parts in zip(*(_take(it, steps) for it in its), strict=True)
+    ]
+    return batches, [it.get_state() for it in its]
+
+
+def test_the_global_batch_does_not_depend_on_the_process_count(chat_file, tokenizer):
+    """Four data shards (the default for a batch of 4): 1, 2 and 4 processes read the same
+    global batches, across the epoch boundary, each process a disjoint part."""
+    kw = dict(global_batch_size=4, seed=3)
+    one, _ = _global(chat_file, tokenizer, 1, 10, **kw)
+    for processes in (2, 4):
+        several, _ = _global(chat_file, tokenizer, processes, 10, **kw)
+        assert _same(several, one), processes
+    with pytest.raises(ValueError, match="data_shards=4 is not a multiple of the 8 processes"):
+        _iterator(chat_file, tokenizer, process=(0, 8), data_shards=4, global_batch_size=8)
+    with pytest.raises(ValueError, match="data_shards=3 does not divide global_batch_size 4"):
+        _iterator(chat_file, tokenizer, data_shards=3, global_batch_size=4)
+    with pytest.raises(ValueError, match="not divisible by 3 processes"):
         _iterator(chat_file, tokenizer, process=(0, 3), global_batch_size=4)
+
+
+def test_an_epoch_reads_every_record_once_whatever_the_process_count(chat_file, tokenizer):
+    """By record: one epoch over 1, 2 and 4 processes reads each of the 24 records exactly
+    once, and no record in two processes (rows as long as the longest record: one per row)."""
+    every = {ids for ids, _ in _rows_of(chat_file, tokenizer)}
+    longest, (a, b) = max(map(len, every)), sorted(map(len, every))[:2]
+    assert a + b > longest
+    kw = dict(global_batch_size=4, num_epochs=1, pack_bins=1, seq_len=longest)
+    for processes in (1, 2, 4):
+        seen = []
+        for p in range(processes):
+            it = _iterator(chat_file, tokenizer, process=(p, processes), **kw)
+            seen.append([s[0] for b in it for s in _segments(b)])
+        flat = [s for part in seen for s in part]
+        assert len(flat) == len(set(flat)) == 24, processes
+        assert set(flat) == every
+        assert sum(len(set(a) & set(b)) for a in seen for b in seen if a is not b) == 0
+
+
+@pytest.mark.parametrize("saved, resumed", [(2, 1), (2, 4), (4, 2)])
+def test_states_of_every_process_restore_into_another_process_count(
+    chat_file, tokenizer, saved, resumed
+):
+    kw = dict(global_batch_size=4, seed=9)
+    expected, _ = _global(chat_file, tokenizer, 1, 9, **kw)
+    _, states = _global(chat_file, tokenizer, saved, 5, **kw)
+    after, _ = _global(chat_file, tokenizer, resumed, 4, state=states, **kw)
+    assert _same(after, expected[5:])
+    with pytest.raises(ValueError, match=r"shards \[2, 3\] are missing"):
+        _iterator(chat_file, tokenizer, **kw).set_state(states[:1] if saved == 2 else states[:2])
+    with pytest.raises(ValueError, match="different data config"):
+        _iterator(chat_file, tokenizer, global_batch_size=4, seed=1).set_state(states)
 
 
 def test_finite_epochs_end_and_see_each_record_once(chat_file, tokenizer):

@@ -20,6 +20,7 @@ from hat_jax.train import (
     SyntheticTokenSource,
     TrainerConfig,
     run_sft,
+    sft_driver,
 )
 from tests.train.toy_model import LinearLM
 
@@ -113,6 +114,35 @@ def test_rerunning_a_finished_run_changes_nothing(tmp_path):
     assert (again.resumed_from, again.step, again.checkpoint_dir) == (3, 3, first.checkpoint_dir)
     assert CheckpointManager(tmp_path / "checkpoints").steps() == [3]
     assert sorted(_losses(tmp_path)) == [1, 2, 3]
+
+
+def test_a_checkpoint_of_another_process_count_is_refused_by_a_source_that_cannot_resplit(
+    tmp_path,
+):
+    """Data states of 2 processes (as a 2-process run writes them) reach the trainer as
+    `ProcessStates`; the synthetic source cannot re-split them, so the run stops, naming both
+    counts, and the checkpoint is left in place."""
+    from hat_jax.checkpoint import CheckpointError, ProcessStates
+
+    run_sft(_config(total_steps=3), model_fn=_model_fn, data=_source(), run_dir=tmp_path)
+    data_dir = tmp_path / "checkpoints" / "3" / "data"
+    one = data_dir / "process_0-of-1.json"
+    for i in range(2):
+        (data_dir / f"process_{i}-of-2.json").write_text(one.read_text())
+    one.unlink()
+    restored = CheckpointManager(tmp_path / "checkpoints").restore(
+        sft_driver(_config(), model_fn=_model_fn, run_dir=tmp_path / "x").abstract
+    )
+    assert isinstance(restored.data_state, ProcessStates) and restored.data_state.count == 2
+    with pytest.raises(CheckpointError, match="written by 2 processes and this run has 1.*"
+                       "SyntheticTokenSource cannot re-split"):  # fmt: skip
+        run_sft(_config(total_steps=6), model_fn=_model_fn, data=_source(), run_dir=tmp_path)
+    assert CheckpointManager(tmp_path / "checkpoints").steps() == [3]
+    (data_dir / "process_1-of-2.json").unlink()
+    with pytest.raises(CheckpointError, match="no complete set"):
+        CheckpointManager(tmp_path / "checkpoints").restore(
+            sft_driver(_config(), model_fn=_model_fn, run_dir=tmp_path / "x").abstract, step=3
+        )
 
 
 @pytest.mark.parametrize("kill_at", [7, 9])
