@@ -32,6 +32,10 @@ does; the plan therefore compiles with that pass off (`--cpu_hoisting` turns it 
 see the raw CPU figure). The train state and its gradients are exact.
 Layouts: fsdp (every device shards everything), expertN (experts over N devices, the rest
 FSDP), fsdp_bf16 / expertN_bf16 (parameters and AdamW moments in bfloat16).
+
+After the table, how to launch each setup on a cluster of `--devices_per_host` devices per
+host: the process count, whether the config's data shards and batch allow it, and the
+command every host runs (`docs/cluster.md` has the SLURM and Kubernetes JobSet files).
 """
 
 import dataclasses
@@ -47,6 +51,7 @@ _SETUPS = flags.DEFINE_list("setups", ["8x96", "16x80"], "<devices>x<GiB per dev
 _LAYOUTS = flags.DEFINE_list("layouts", ["fsdp", "fsdp_bf16"], "Mesh layouts to compile.")
 _DISPATCH = flags.DEFINE_string("moe_dispatch", "sorted", "MoE dispatch to compile on CPU.")
 _OUT = flags.DEFINE_string("out", None, "Also write the table (markdown) here.")
+_PER_HOST = flags.DEFINE_integer("devices_per_host", 8, "Accelerators per host (one process each).")
 _CPU_HOISTING = flags.DEFINE_bool(
     "cpu_hoisting",
     False,
@@ -138,6 +143,36 @@ def _plan(c, devices: int, layout: str):
     return train.plan_stage_step(driver, sampler=sampler), model
 
 
+def launch_lines(c, config_file: str, setups, devices_per_host: int) -> list[str]:
+    """How to launch config `c` (read from `config_file`) on each setup's hosts."""
+    from data import resolve_shards
+
+    if devices_per_host < 1:
+        raise ValueError(f"--devices_per_host must be positive, got {devices_per_host}")
+    lines = [f"launching (one process per host of {devices_per_host} devices; docs/cluster.md):"]
+    shards = c.data.get("data_shards", 0)
+    for devices, _ in setups:
+        devices = int(devices)
+        if devices % devices_per_host:
+            lines.append(f"  {devices} devices: not a whole number of hosts of {devices_per_host}")
+            continue
+        hosts = devices // devices_per_host
+        try:
+            n = resolve_shards(shards, c.trainer.batch_size, hosts)
+            data = f"{n} data shards, {c.trainer.batch_size // n} rows each per step"
+        except ValueError as err:
+            data = f"refused: {err}"
+        lines.append(
+            f"  {devices} devices = {hosts} host(s): {data}\n"
+            f"    SLURM: srun --nodes={hosts} --ntasks-per-node=1 python -m launch.{c.stage} "
+            f"--config={config_file}\n"
+            f"    elsewhere, on host i: JAX_COORDINATOR_ADDRESS=<host 0>:<port> "
+            f"JAX_NUM_PROCESSES={hosts} JAX_PROCESS_ID=<i> python -m launch.{c.stage} "
+            f"--config={config_file}"
+        )
+    return lines
+
+
 def main(argv):
     del argv
     _logs.quiet()
@@ -176,6 +211,8 @@ def main(argv):
             print(rows[-1], flush=True)
     table = "\n".join(rows)
     print(f"\nmemory plan for {c.model.preset}, seq_len {c.trainer.seq_len}:\n{table}")
+    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+    print("\n" + "\n".join(launch_lines(c, config_file, setups, _PER_HOST.value)))
     if _OUT.value:
         tmp = _OUT.value + ".tmp"
         with open(tmp, "w") as f:

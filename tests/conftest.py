@@ -4,11 +4,19 @@
 before any test module imports jax. The test process runs hundreds of unrelated programs, so
 it does not keep freed host memory at its peak as a training process does
 (`hat_jax.host_memory`; tests that check that setting pass it explicitly).
+
+Compiled programs are kept in JAX's persistent compilation cache under `.pytest_cache/jax`
+(`JAX_COMPILATION_CACHE_DIR`, inherited by the subprocesses the tests start), so the test
+processes do not each compile the same tiny-model programs again; a fresh clone starts empty.
 """
 
 import os
+import pathlib
 
 os.environ.setdefault("HAT_JAX_RETAIN_HOST_MEMORY", "0")
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(__file__).parents[1] / ".pytest_cache" / "jax")
+)
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):

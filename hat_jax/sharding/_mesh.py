@@ -116,11 +116,21 @@ def distributed_environment() -> str | None:
     return None
 
 
+HEARTBEAT_ENV = "HAT_JAX_HEARTBEAT_TIMEOUT_S"
+
+
 def initialize_distributed() -> str | None:
     """Calls `jax.distributed.initialize()` when a multi-process environment is detected.
 
     Safe to call in every launch script: on a single process it does nothing. JAX reads the
-    coordinator, process count and process id from the environment it detects.
+    coordinator, process count and process id from the environment it detects. When a
+    process dies, the coordinator notices its missing heartbeats and stops every other
+    process with an error naming the lost one (instead of leaving them waiting in a
+    collective): after `HAT_JAX_HEARTBEAT_TIMEOUT_S` seconds (JAX's default, 100, if unset).
+
+    Raises:
+      RuntimeError / ValueError: an incomplete coordinator environment, or a timeout that is
+        not a positive integer.
 
     Returns:
       The detected environment's name, or None.
@@ -143,6 +153,15 @@ def initialize_distributed() -> str | None:
             "num_processes": int(os.environ["JAX_NUM_PROCESSES"]),
             "process_id": int(os.environ["JAX_PROCESS_ID"]),
         }
+    if os.environ.get(HEARTBEAT_ENV):
+        try:
+            kwargs["heartbeat_timeout_seconds"] = int(os.environ[HEARTBEAT_ENV])
+        except ValueError:
+            kwargs["heartbeat_timeout_seconds"] = 0
+        if kwargs["heartbeat_timeout_seconds"] < 1:
+            raise ValueError(
+                f"{HEARTBEAT_ENV}={os.environ[HEARTBEAT_ENV]!r}: a positive number of seconds"
+            )
     jax.distributed.initialize(**kwargs)
     _log.info(
         "process %d of %d, %d local / %d global devices",

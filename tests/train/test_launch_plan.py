@@ -24,8 +24,15 @@ def _plan(tmp_path, *args):
 
 @pytest.mark.slow
 def test_plan_table_for_the_demo_config(tmp_path):
-    proc, out = _plan(tmp_path, "--setups=2x1,4x0.001", "--layouts=fsdp_bf16")
+    proc, out = _plan(
+        tmp_path, "--setups=2x1,4x0.001", "--layouts=fsdp_bf16", "--devices_per_host=2"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    launch = proc.stdout[proc.stdout.index("launching (one process per host of 2 devices") :]
+    assert "4 devices = 2 host(s): 2 data shards, 1 rows each per step" in launch
+    assert "srun --nodes=2 --ntasks-per-node=1 python -m launch.sft" in launch
+    assert "--config=configs/sft_demo.py" in launch and "JAX_NUM_PROCESSES=2" in launch
+    assert "2 devices = 1 host(s): 2 data shards" in launch
     rows = [r for r in out.read_text().splitlines() if r.startswith("| ") and "GB |" in r]
     assert len(rows) == 2, out.read_text()
     cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
