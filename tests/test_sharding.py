@@ -133,3 +133,9 @@ def test_distributed_environment_detection(monkeypatch):
     assert sharding.distributed_environment() == "coordinator"
     with pytest.raises(RuntimeError, match="JAX_NUM_PROCESSES, JAX_PROCESS_ID"):
         sharding.initialize_distributed()
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAX_PROCESS_ID", "0")
+    for bad in ("soon", "0"):
+        monkeypatch.setenv("HAT_JAX_HEARTBEAT_TIMEOUT_S", bad)
+        with pytest.raises(ValueError, match=f"HAT_JAX_HEARTBEAT_TIMEOUT_S='{bad}'"):
+            sharding.initialize_distributed()
