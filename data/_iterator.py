@@ -50,11 +50,6 @@ class DataIterator:
         self._books = {s: _find_rows_iterator(it) for s, it in self._iters.items()}
         self._totals: dict[int, dict[str, int]] = {s: {"batches": 0} for s in self._iters}
 
-    @property
-    def shards(self) -> tuple[int, ...]:
-        """The data shards this iterator reads."""
-        return tuple(self._iters)
-
     def __iter__(self) -> DataIterator:
         return self
 

@@ -150,7 +150,7 @@ def launch_lines(c, config_file: str, setups, devices_per_host: int) -> list[str
     if devices_per_host < 1:
         raise ValueError(f"--devices_per_host must be positive, got {devices_per_host}")
     lines = [f"launching (one process per host of {devices_per_host} devices; docs/cluster.md):"]
-    shards = c.data.get("data_shards", 0)
+    shards = c.data.get("data_shards")  # None: the stage is not fed by the Grain pipelines
     for devices, _ in setups:
         devices = int(devices)
         if devices % devices_per_host:
@@ -158,8 +158,15 @@ def launch_lines(c, config_file: str, setups, devices_per_host: int) -> list[str
             continue
         hosts = devices // devices_per_host
         try:
-            n = resolve_shards(shards, c.trainer.batch_size, hosts)
-            data = f"{n} data shards, {c.trainer.batch_size // n} rows each per step"
+            if shards is None:
+                data = f"batch {c.trainer.batch_size}"
+                if c.trainer.batch_size % hosts:
+                    raise ValueError(
+                        f"batch_size {c.trainer.batch_size} does not divide by {hosts}"
+                    )
+            else:
+                n = resolve_shards(shards, c.trainer.batch_size, hosts)
+                data = f"{n} data shards, {c.trainer.batch_size // n} rows each per step"
         except ValueError as err:
             data = f"refused: {err}"
         lines.append(

@@ -153,15 +153,10 @@ def initialize_distributed() -> str | None:
             "num_processes": int(os.environ["JAX_NUM_PROCESSES"]),
             "process_id": int(os.environ["JAX_PROCESS_ID"]),
         }
-    if os.environ.get(HEARTBEAT_ENV):
-        try:
-            kwargs["heartbeat_timeout_seconds"] = int(os.environ[HEARTBEAT_ENV])
-        except ValueError:
-            kwargs["heartbeat_timeout_seconds"] = 0
-        if kwargs["heartbeat_timeout_seconds"] < 1:
-            raise ValueError(
-                f"{HEARTBEAT_ENV}={os.environ[HEARTBEAT_ENV]!r}: a positive number of seconds"
-            )
+    if heartbeat := os.environ.get(HEARTBEAT_ENV):
+        if not heartbeat.isdigit() or int(heartbeat) < 1:
+            raise ValueError(f"{HEARTBEAT_ENV}={heartbeat!r}: a positive number of seconds")
+        kwargs["heartbeat_timeout_seconds"] = int(heartbeat)
     jax.distributed.initialize(**kwargs)
     _log.info(
         "process %d of %d, %d local / %d global devices",
