@@ -15,6 +15,7 @@ prompts (`rl.run_mtp`). Writes `<run>/head`, `<run>/mtp_summary.{json,md}` and, 
 import dataclasses
 import pathlib
 
+import jax
 from absl import app
 from flax import nnx
 
@@ -97,7 +98,14 @@ def _prompts(c, tokenizer):
         pipeline = dict(sources=(c.data.corpus,), seq_len=c.data.corpus_seq_len,
                         global_batch_size=c.rollout.batch_size, seed=c.trainer.seed,
                         tokenizer_dir=_tokenizer_dir(c), worker_count=0)  # fmt: skip
-        cut = dict(batch_size=c.rollout.batch_size, max_prompt_len=c.data.max_prompt_len,
+        if c.rollout.batch_size % jax.process_count():
+            raise ValueError(
+                f"rollout.batch_size={c.rollout.batch_size} does not split over "
+                f"{jax.process_count()} processes"
+            )
+        # this process's prompts of each batch: the rollouts gather every process's
+        cut = dict(batch_size=c.rollout.batch_size // jax.process_count(),
+                   max_prompt_len=c.data.max_prompt_len,
                    pad_id=data.pad_id(tokenizer))  # fmt: skip
         return tuple(
             rl.prompts_from_rows(data.sft_data(data.PipelineConfig(split=split, **pipeline)), **cut)

@@ -16,6 +16,11 @@ temperature / top-k / top-p; 0 for greedy), and under the unmodified policy (tem
 no filter: what a training forward pass on the same tokens computes, the old log-probs of
 GRPO/GSPO). `rows()` lays prompt and completion out as training rows with the sampled-vs-forced
 mask: 1 on tokens the policy sampled, 0 on the prompt (forced) and padding.
+
+In a job of several JAX processes the weights span every process's devices and a call is
+one program across the job: every process calls with the same prompts, settings and seed
+(gather them with `hat_jax.sharding.all_process_rows`), and every process gets every row.
+A call whose inputs differ between processes raises an error naming them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hat_jax.sharding import check_same_on_all_processes, to_host
 from models import _sampler_loop as loop
 from models._model import Qwen
 from models._mtp import MTPHead
@@ -306,6 +312,12 @@ class Sampler:
         own = [p[shared_prefix:] for p in prompts] if prefix is not None else prompts
         req, gen_slots = self._request(own, max_new, rows, stop_tokens)
         key = seed if isinstance(seed, jax.Array) else jax.random.key(int(seed))
+        if jax.process_count() > 1:
+            check_same_on_all_processes(
+                [*jax.tree.leaves(req), jax.random.key_data(key),
+                 *([] if prefix is None else [prefix])],
+                "Sampler: the prompts, settings or seed of this call",
+            )  # fmt: skip
         state = self._compiled(
             self._graphs,
             self._states,
@@ -318,7 +330,7 @@ class Sampler:
         )
         # Only the outputs travel to the host; the caches stay on the device and are freed.
         counts = None if state.draft is None else (state.draft.accepted, state.draft.verified)
-        return self._output(prompts, *jax.device_get((state.out, counts)))
+        return self._output(prompts, *to_host((state.out, counts)))
 
     def _prefix(self, prompts: list[np.ndarray], shared: int) -> jax.Array | None:
         """The shared prefix as [1, P] (None for 0); ValueError if the rows do not share it."""

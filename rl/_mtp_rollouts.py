@@ -9,6 +9,11 @@ produced are ever predicted. No reward is involved.
 `RolloutPool` holds those rows and serves them as a `hat_jax.train.DataSource`: a fixed number
 of rows per step, reshuffled every epoch from the seed, resumable from `get_state()`. Pools are
 saved as `.npz` files (atomically) so a resumed run trains on the very same rollouts.
+
+In a job of several processes every process's prompt rows are gathered and sampled as one
+batch on every process, so every process holds the whole pool (process 0 writes it); a
+batch is the global batch of a single process, of which each process returns its share.
+The position is the same on every process, so it resumes under another process count.
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ import pathlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
 import models
 from hat_jax import files
+from hat_jax.sharding import all_process_rows, process_rows
+from hat_jax.train import shared_state
 
 ROW_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
 
@@ -99,12 +107,16 @@ def prompts_from_rows(
 
 
 def _prompt_lists(batch: Mapping[str, np.ndarray]) -> list[list[int]]:
+    ids, lengths = np.asarray(batch["prompt_ids"]), np.asarray(batch["prompt_lengths"])
+    return [ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+
+
+def _prompt_arrays(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     if "prompt_ids" not in batch or "prompt_lengths" not in batch:
         raise ValueError(
             f"rollouts: a prompt batch needs 'prompt_ids' and 'prompt_lengths', got {sorted(batch)}"
         )
-    ids, lengths = np.asarray(batch["prompt_ids"]), np.asarray(batch["prompt_lengths"])
-    return [ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+    return {k: np.asarray(batch[k]) for k in ("prompt_ids", "prompt_lengths")}
 
 
 def generate_rollouts(
@@ -132,7 +144,7 @@ def generate_rollouts(
             raise ValueError(
                 f"rollouts: the prompt source ended after {i} of {count} batches"
             ) from None
-        lists = _prompt_lists(batch)
+        lists = _prompt_lists(all_process_rows(_prompt_arrays(batch)))
         longest = max(len(p) for p in lists) + config.max_new_tokens
         if longest > seq_len:
             raise ValueError(
@@ -154,7 +166,10 @@ def generate_rollouts(
 
 
 def save_pool(path: os.PathLike | str, pool: Mapping[str, np.ndarray]) -> pathlib.Path:
-    """Writes a rollout pool as `.npz`, atomically."""
+    """Writes a rollout pool as `.npz`, atomically (process 0 only: every process holds the
+    same pool)."""
+    if jax.process_index() != 0:
+        return pathlib.Path(path)
     with files.atomic_open(path, "wb") as f:
         np.savez(f, **pool)
     return pathlib.Path(path)
@@ -170,10 +185,12 @@ class RolloutPool:
 
     Args:
       pool: arrays with `ROW_KEYS` ([N, T] each), e.g. from `generate_rollouts`.
-      batch_size: rows per batch (process-local).
+      batch_size: rows per batch (global: each process returns its share of them).
       seed: shuffling seed.
       shuffle: reshuffle every epoch (else the pool order, e.g. for evaluation).
     """
+
+    resplits_states = True  # every process holds the same position
 
     def __init__(self, pool: Mapping[str, np.ndarray], *, batch_size: int, seed: int = 0,
                  shuffle: bool = True):  # fmt: skip
@@ -181,6 +198,11 @@ class RolloutPool:
         self.size = len(self.rows["input_ids"])
         if batch_size < 1 or batch_size > self.size:
             raise ValueError(f"RolloutPool: batch_size {batch_size} for a pool of {self.size} rows")
+        if batch_size % jax.process_count():
+            raise ValueError(
+                f"RolloutPool: batch_size {batch_size} does not split over "
+                f"{jax.process_count()} processes"
+            )
         self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
         self._next = 0  # rows served so far
 
@@ -198,17 +220,22 @@ class RolloutPool:
             epoch, index = divmod(n, self.size)
             picks.append(self._order(epoch)[index])
         self._next += self.batch_size
-        return {k: v[np.asarray(picks)] for k, v in self.rows.items()}
+        return process_rows({k: v[np.asarray(picks)] for k, v in self.rows.items()})
 
     def batches(self) -> Iterator[dict[str, np.ndarray]]:
         """One pass over the pool in order (whole batches only), e.g. for evaluation."""
         for start in range(0, self.size - self.batch_size + 1, self.batch_size):
-            yield {k: v[start : start + self.batch_size] for k, v in self.rows.items()}
+            yield process_rows(
+                {k: v[start : start + self.batch_size] for k, v in self.rows.items()}
+            )
 
     def get_state(self) -> dict[str, Any]:
         return {"next_row": self._next, "rows": self.size, "seed": self.seed}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
+    def set_state(self, state: Mapping[str, Any] | list[Mapping[str, Any]]) -> None:
+        """Restores a position: this pool's own, or every process's of a run with another
+        process count (all equal)."""
+        state = shared_state(state, "RolloutPool")
         if int(state["rows"]) != self.size or int(state["seed"]) != self.seed:
             raise ValueError(
                 f"RolloutPool: state for {state['rows']} rows / seed {state['seed']}, this pool "

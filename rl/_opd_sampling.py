@@ -16,6 +16,7 @@ import numpy as np
 import models
 from data import Instruction, check_constraints, pass_rates
 from hat_jax import chat_format, files
+from hat_jax.sharding import all_process_rows, process_rows
 from hat_jax.train import StageDriver, TrainState
 
 ROW_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
@@ -74,6 +75,12 @@ class OPDSource:
     """The on-policy batch source: each batch is one response per prompt, sampled with the
     student's current weights (an `hat_jax.train.OnPolicySource`).
 
+    In a job of several processes each reads its own prompt rows; the step's prompts of
+    every process are gathered, sampled as one batch on every process (one program over the
+    job's devices), and each keeps its own rows: the global batch a single process would
+    sample. Its position therefore re-splits (`resplits_states`): a checkpoint of n
+    processes resumes under m when the prompts' data shards allow it.
+
     Args:
       prompts: prompt batches (`prompt_ids`, `prompt_lengths`; e.g. `data.opd_prompt_data`)
         with `get_state` / `set_state`; `stats()["too_long"]`, if it has `stats`, is reported
@@ -84,13 +91,16 @@ class OPDSource:
         draws exactly what an uninterrupted one would.
     """
 
+    resplits_states = True
+
     def __init__(self, prompts, *, sampler: StudentSampler, config: Any, seed: int):
         self.prompts, self.sampler, self.config, self.seed = prompts, sampler, config, seed
         self.calls = 0
 
     def next_batch(self, model) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         batch = next(self.prompts)
-        lists = _prompt_lists(batch)
+        keys = ("prompt_ids", "prompt_lengths")
+        lists = _prompt_lists(all_process_rows({k: batch[k] for k in keys}))
         start = time.perf_counter()
         key = jax.random.fold_in(jax.random.key(self.seed), self.calls)
         out = self.sampler(model.policy, lists, max_new_tokens=self.config.max_new_tokens,
@@ -109,18 +119,34 @@ class OPDSource:
         }
         if hasattr(self.prompts, "stats"):
             figures["dropped_prompts"] = float(self.prompts.stats().get("too_long", 0))
-        return _rows(out, self.config.trainer.seq_len), figures
+        return process_rows(_rows(out, self.config.trainer.seq_len)), figures
 
     def get_state(self) -> dict[str, Any]:
         return {"prompts": self.prompts.get_state(), "calls": self.calls, "seed": self.seed}
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        if int(state["seed"]) != self.seed:
-            raise ValueError(
-                f"OPDSource: state for seed {state['seed']}, this source has {self.seed}"
-            )
-        self.prompts.set_state(state["prompts"])
-        self.calls = int(state["calls"])
+    def set_state(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """Restores a position: this source's own state, or the list of every process's
+        states of a run with another process count (the prompts re-split theirs)."""
+        states = list(state) if isinstance(state, Sequence) else [state]
+        for s in states:
+            if int(s["seed"]) != self.seed:
+                raise ValueError(
+                    f"OPDSource: state for seed {s['seed']}, this source has {self.seed}"
+                )
+        calls = {int(s["calls"]) for s in states}
+        if len(calls) != 1:
+            raise ValueError(f"OPDSource: the processes' states disagree on calls {calls}")
+        prompts = [s["prompts"] for s in states]
+        if isinstance(state, Sequence):
+            if not getattr(self.prompts, "resplits_states", False):
+                raise ValueError(
+                    f"OPDSource: its prompts ({type(self.prompts).__name__}) cannot re-split "
+                    "a position saved by another process count"
+                )
+            self.prompts.set_state(prompts)
+        else:
+            self.prompts.set_state(prompts[0])
+        self.calls = calls.pop()
 
 
 # -- evaluation ----------------------------------------------------------------------------------
@@ -165,8 +191,9 @@ class HeldOutEvaluation:
             )
 
     def _batches(self, rows: Mapping[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
-        """The rows as whole batches of `trainer.batch_size` (the last padded with empty rows,
-        which weigh nothing)."""
+        """The rows (every process samples them all) as whole batches of
+        `trainer.batch_size`, the last padded with empty rows, which weigh nothing; each
+        process passes its share of every batch."""
         size = self.config.trainer.batch_size
         n = len(rows["input_ids"])
         for start in range(0, n, size):
@@ -175,7 +202,7 @@ class HeldOutEvaluation:
             if short:
                 chunk = {k: np.concatenate([v, np.zeros((short, v.shape[1]), v.dtype)])
                          for k, v in chunk.items()}  # fmt: skip
-            yield chunk
+            yield process_rows(chunk)
 
     def __call__(self, state: TrainState) -> dict[str, float]:
         model = self.driver.model(state)

@@ -6,10 +6,19 @@ current weights (`rl._rollout.rollout`), scores them (the room's rewarder), comp
 advantages over the segments (`rl.hat_advantages`: tool and reply pools, GDPO per dimension
 within the group, the CoT-length term, batch normalisation, zero-advantage filtering), lays
 the kept segments out as rows (`rl._rollout.rows`) and splits them into minibatches of
-`batch_size` rows, `epochs` passes over them. Each rollout's rows are written to
-`<run>/rollouts/<n>.process_<i>.npz` (atomically, compressed; the newest `keep_rollouts`
-kept) before training on them, so a run resumed in the middle of a rollout trains on the
-very same rows; the source's state is the rollout count and the minibatch reached.
+`batch_size` rows, `epochs` passes over them. Each rollout's rows are written to `<run>/rollouts/<n>.npz`
+(atomically, compressed; the newest `keep_rollouts` kept) before training on them, so a run
+resumed in the middle of a rollout trains on the very same rows; the source's state is the
+rollout count and the minibatch reached.
+
+In a job of several processes every process runs the whole rollout: the episodes' host
+logic is replicated (a rollout is a function of the weights and the seed alone), each
+barrier's batch is sampled as one program over the job's devices, and each process trains on
+its share of every minibatch (`hat_jax.sharding.process_rows`): the global batches of a
+single process. The position is the same on every process, so a checkpoint resumes under
+another process count; the rows file is written once, by process 0, into the run directory
+the processes share. Wall-clock limits that bind (`sim.budget_s`, tool timeouts) can make
+hosts' rollouts diverge; the sampler then stops the run naming the processes that differ.
 
 The first minibatch of a rollout carries the rollout's figures (rewards per dimension and
 pool, q(L), CoT lengths, filtered share, faults, episode lengths, trajectories per second,
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,6 +37,8 @@ import numpy as np
 
 import models
 from hat_jax import files
+from hat_jax.sharding import process_rows
+from hat_jax.train import shared_state
 from rl import _rollout
 from rl._jax_policy import JaxPolicy
 from rl.advantages import REPLY, REWARD_DIMS, TOOL, HatAdvantageConfig, hat_advantages
@@ -161,10 +172,17 @@ class RLSource:
         file).
     """
 
+    resplits_states = True  # every process holds the same position
+
     def __init__(self, room: LiveRoom, tokenizer, *, rollout: RLRolloutConfig,
                  advantages: HatAdvantageConfig, batch_size: int, seq_len: int,
                  run_dir: pathlib.Path, seed: int, recompute=None,
                  keep_rollouts: int = 4):  # fmt: skip
+        if batch_size % jax.process_count():
+            raise ValueError(
+                f"RLSource: batch_size {batch_size} does not split over "
+                f"{jax.process_count()} processes"
+            )
         self.room, self.tokenizer, self.config = room, tokenizer, rollout
         self.advantage_config = advantages
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
@@ -180,13 +198,16 @@ class RLSource:
     # -- state -------------------------------------------------------------------------------
 
     def _path(self, n: int) -> pathlib.Path:
-        return self.dir / f"{n}.process_{jax.process_index()}.npz"
+        return self.dir / f"{n}.npz"
 
     def get_state(self) -> dict[str, Any]:
         return {"rollouts": self.rollouts, "minibatch": self.minibatch,
                 "minibatches": self.minibatches, "seed": self.seed}  # fmt: skip
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
+    def set_state(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """Restores a position: this source's own, or every process's of a run with another
+        process count (all equal)."""
+        state = shared_state(state, "RLSource")
         if int(state["seed"]) != self.seed:
             raise ValueError(
                 f"RLSource: state for seed {state['seed']}, this source has {self.seed}"
@@ -219,7 +240,7 @@ class RLSource:
             batch = {key: np.concatenate([v, np.zeros((short, *v.shape[1:]), v.dtype)])
                      for key, v in batch.items()}  # fmt: skip
         batch["fresh"] = np.full_like(batch["loss_mask"], 1 if k == 0 else 0)
-        return batch, figures | {"minibatch": float(k)}
+        return process_rows(batch, what="minibatch rows"), figures | {"minibatch": float(k)}
 
     def _roll_out(self, policy_model) -> dict[str, float]:
         if self.policy is None:
@@ -251,6 +272,8 @@ class RLSource:
         return figures
 
     def _write(self, n: int, rows: Mapping[str, np.ndarray]) -> None:
+        if jax.process_index() != 0:  # every process holds the same rows
+            return
         with files.atomic_open(self._path(n), "wb") as f:
             np.savez_compressed(f, **rows)
         stale = self._path(n - self.keep)

@@ -36,7 +36,7 @@ from flax import nnx
 import models
 from hat_jax import files
 from hat_jax.metrics import read_metrics
-from hat_jax.sharding import MeshConfig
+from hat_jax.sharding import MeshConfig, to_host
 from hat_jax.train import (
     RANDOM,
     Init,
@@ -192,7 +192,7 @@ def recompute_logprobs(
     graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
     keys = ("input_ids", "positions", "segment_ids", "loss_mask")
     batch = {k: rows[k] for k in keys}
-    return np.asarray(_forward_logprobs(graphdef, params, rest, batch, logits_chunk))
+    return np.asarray(to_host(_forward_logprobs(graphdef, params, rest, batch, logits_chunk)))
 
 
 class HeldOut:

@@ -74,3 +74,20 @@ def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[int]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def run_job(args: list[str], processes: int, *, devices: int, log_dir, timeout: float = 900,
+            env: dict | None = None) -> float:  # fmt: skip
+    """Runs `python args...` as a job of `processes` processes (see `start_processes`), logs
+    in `log_dir`, and returns its seconds; any process failing fails the test with the end
+    of every process's log."""
+    import time
+
+    log_dir = pathlib.Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    procs = start_processes(args, processes, devices=devices, env=env, log_dir=log_dir)
+    codes = wait_all(procs, timeout=timeout)
+    logs = "\n".join((log_dir / f"process_{i}.log").read_text()[-3000:] for i in range(processes))
+    assert codes == [0] * processes, logs
+    return time.monotonic() - start

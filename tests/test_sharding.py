@@ -139,3 +139,28 @@ def test_distributed_environment_detection(monkeypatch):
         monkeypatch.setenv("HAT_JAX_HEARTBEAT_TIMEOUT_S", bad)
         with pytest.raises(ValueError, match=f"HAT_JAX_HEARTBEAT_TIMEOUT_S='{bad}'"):
             sharding.initialize_distributed()
+
+
+def test_process_rows_takes_this_process_consecutive_share(monkeypatch):
+    rows = {"ids": np.arange(12).reshape(6, 2), "lengths": np.arange(6)}
+    assert sharding.process_rows(rows) is rows  # one process: everything
+    assert sharding.all_process_rows(rows)["lengths"].tolist() == list(range(6))
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    mine = sharding.process_rows(rows)
+    assert mine["lengths"].tolist() == [2, 3] and mine["ids"].tolist() == [[4, 5], [6, 7]]
+    with pytest.raises(ValueError, match="4 minibatch rows do not split over 3 processes"):
+        sharding.process_rows({"ids": np.zeros((4, 2))}, what="minibatch rows")
+    with pytest.raises(ValueError, match=r"different row counts \[2, 3\]"):
+        sharding.process_rows({"a": np.zeros(3), "b": np.zeros(2)})
+
+
+def test_fingerprint_tells_values_shapes_and_dtypes_apart():
+    from hat_jax.sharding._processes import fingerprint
+
+    base = fingerprint([np.arange(4, dtype=np.int32)])
+    assert base == fingerprint([np.arange(4, dtype=np.int32)])
+    assert base != fingerprint([np.arange(4, dtype=np.int64)])
+    assert base != fingerprint([np.arange(4, dtype=np.int32).reshape(2, 2)])
+    assert base != fingerprint([np.asarray([0, 1, 2, 4], np.int32)])
+    sharding.check_same_on_all_processes([np.arange(3)], "one process")  # nothing to compare

@@ -4,7 +4,8 @@ A mesh over (`data`, `fsdp`, `expert`, `tensor`) built from a `MeshConfig`; rule
 map the logical axis names parameters and activations carry to those mesh axes (one table for
 training parameters, one for training activations, one for sampling); sharded initialisation
 and batch placement; `local_map`, shard-local computation named by logical axes (the MoE
-dispatch); multi-process start-up.
+dispatch); multi-process start-up, and host rows across processes (`all_process_rows`,
+`process_rows`, `to_host`: what on-policy sampling in a job of several processes needs).
 """
 
 from hat_jax.sharding._local import local_axes, local_map, local_spec
@@ -27,6 +28,12 @@ from hat_jax.sharding._placement import (
     shardings_of,
     state_shardings,
 )
+from hat_jax.sharding._processes import (
+    all_process_rows,
+    check_same_on_all_processes,
+    process_rows,
+    to_host,
+)
 from hat_jax.sharding._rules import (
     ACTIVATION_RULES,
     PARAM_RULES,
@@ -48,8 +55,10 @@ __all__ = [
     "Rules",
     "UnknownAxisError",
     "abstract_model",
+    "all_process_rows",
     "batch_shardings",
     "batch_spec",
+    "check_same_on_all_processes",
     "constrain",
     "current_rules",
     "data_parallel_size",
@@ -63,8 +72,10 @@ __all__ = [
     "logical_names",
     "logical_to_spec",
     "make_mesh",
+    "process_rows",
     "sharded_structs",
     "shardings_of",
     "state_shardings",
+    "to_host",
     "use_rules",
 ]

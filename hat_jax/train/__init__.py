@@ -11,7 +11,13 @@ evaluations); the SFT loss and `run_sft`; the batch-source interfaces (`DataSour
                        data=source, run_dir="runs/x")
 """
 
-from hat_jax.train._data import BATCH_KEYS, DataSource, OnPolicySource, SyntheticTokenSource
+from hat_jax.train._data import (
+    BATCH_KEYS,
+    DataSource,
+    OnPolicySource,
+    SyntheticTokenSource,
+    shared_state,
+)
 from hat_jax.train._losses import (
     chunked_cross_entropy,
     chunked_token_logprobs,
@@ -107,6 +113,7 @@ __all__ = [
     "run_stage",
     "sft_driver",
     "sft_loss",
+    "shared_state",
     "split_model",
     "token_logprobs",
     "unembedding",

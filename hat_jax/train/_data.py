@@ -17,8 +17,9 @@ includes its sampling RNG position, so a resumed run samples what an uninterrupt
 
 A checkpoint written by another number of processes holds one state per process of that
 run. A source whose class sets `resplits_states = True` takes the list of them in
-`set_state` and reads on from its part (the Grain pipeline does, by data shards); the
-trainer refuses such a checkpoint for any other source, naming the process counts.
+`set_state` and reads on from its part (the Grain pipeline does, by data shards; the
+on-policy sources of OPD, RL and MTP do, their positions being the same on every process);
+the trainer refuses such a checkpoint for any other source, naming the process counts.
 
 `SyntheticTokenSource` is for tests, benchmarks and plans only (its tokens follow simple
 learnable rules, so losses fall); training stages use the data pipeline.
@@ -26,7 +27,7 @@ learnable rules, so losses fall); training stages use the data pipeline.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -62,6 +63,23 @@ class OnPolicySource(Protocol):
     def get_state(self) -> Any: ...
 
     def set_state(self, state: Any) -> None: ...
+
+
+def shared_state(
+    state: Mapping[str, Any] | Sequence[Mapping[str, Any]], owner: str
+) -> Mapping[str, Any]:
+    """The position of a source whose state is the same on every process: `state` itself,
+    or the one state in the list every process of a run with another process count saved.
+
+    Raises:
+      ValueError: the saved states differ (named with `owner`).
+    """
+    if isinstance(state, Mapping):
+        return state
+    states = list(state)
+    if not states or any(dict(s) != dict(states[0]) for s in states):
+        raise ValueError(f"{owner}: the processes' saved positions differ: {states}")
+    return states[0]
 
 
 class SyntheticTokenSource:

@@ -37,6 +37,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
@@ -136,6 +137,20 @@ def batch_shardings_for(mesh: jax.sharding.Mesh, keys=BATCH_KEYS) -> dict[str, N
     return {k: NamedSharding(mesh, batch_spec(mesh, 2, ACTIVATION_RULES)) for k in keys}
 
 
+def _via_host(values: Any, shardings: Any) -> Any:
+    """Process-local arrays bound for a layout spanning other processes, as host arrays: a
+    `device_put` of a single-device array there builds an array whose shards JAX cannot list
+    (one device per process), while one of host data is laid out like any other."""
+    if jax.process_count() == 1:
+        return values
+
+    def one(x, sharding):
+        local = isinstance(x, jax.Array) and x.is_fully_addressable
+        return np.asarray(x) if local and not sharding.is_fully_addressable else x
+
+    return jax.tree.map(one, values, shardings)
+
+
 def build_sharded(build: Callable[[], nnx.Module], init: Init, mesh) -> nnx.Module:
     """The module in its sharded layout: random (`RANDOM`), or its parameters from
     `init(abstract params)` (random parameters are then never computed) and its other state
@@ -144,7 +159,7 @@ def build_sharded(build: Callable[[], nnx.Module], init: Init, mesh) -> nnx.Modu
         return init_sharded(build, mesh, PARAM_RULES)
     graphdef, params, _, rest = abstract_parts(build, mesh)
     # Laid out as the step expects (a no-op for arrays already there, e.g. restored shards).
-    params = jax.device_put(init(params), shardings_of(params))
+    params = jax.device_put(_via_host(init(params), shardings_of(params)), shardings_of(params))
 
     def others():  # XLA drops the unused parameter initialisers.
         with nnx.use_eager_sharding(False):

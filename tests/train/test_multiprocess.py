@@ -15,7 +15,7 @@ import pytest
 
 import data
 from hat_jax.metrics import read_metrics
-from tests._devices import start_processes, wait_all
+from tests._devices import run_job, start_processes, wait_all
 
 pytestmark = pytest.mark.slow
 
@@ -45,15 +45,7 @@ def _args(corpus, run_dir, steps=STEPS):
 
 
 def _train(corpus, run_dir, processes, steps=STEPS):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    procs = start_processes(
-        _args(corpus, run_dir, steps), processes, devices=DEVICES, log_dir=run_dir
-    )
-    codes = wait_all(procs, timeout=900)
-    logs = "\n".join((run_dir / f"process_{i}.log").read_text()[-3000:] for i in range(processes))
-    assert codes == [0] * processes, logs
-    return time.monotonic() - start
+    return run_job(_args(corpus, run_dir, steps), processes, devices=DEVICES, log_dir=run_dir)
 
 
 def _losses(run_dir):

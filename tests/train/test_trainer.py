@@ -21,6 +21,7 @@ from hat_jax.train import (
     TrainerConfig,
     run_sft,
     sft_driver,
+    shared_state,
 )
 from tests.train.toy_model import LinearLM
 
@@ -238,3 +239,11 @@ def test_evaluation_hook_logs_token_weighted_eval_metrics(tmp_path):
         (tmp_path / "checkpoints" / "4" / "data" / "process_0-of-1.json").read_text()
     )
     assert data_state["state"] == {"next_batch": 4, "seed": 0}
+
+
+def test_shared_state_takes_the_one_position_every_process_saved():
+    own = {"rollouts": 3, "seed": 0}
+    assert shared_state(own, "RLSource") is own
+    assert shared_state([own, dict(own)], "RLSource") == own
+    with pytest.raises(ValueError, match="RLSource: the processes' saved positions differ"):
+        shared_state([own, {"rollouts": 2, "seed": 0}], "RLSource")
