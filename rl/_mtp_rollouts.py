@@ -30,9 +30,7 @@ import numpy as np
 import models
 from hat_jax import files
 from hat_jax.sharding import all_process_rows, process_rows
-from hat_jax.train import shared_state
-
-ROW_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
+from hat_jax.train import BATCH_KEYS, shared_state
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -129,7 +127,7 @@ def generate_rollouts(
     stop_tokens: tuple[int, ...] = (),
     seed_offset: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Samples `count` prompt batches and returns their rows (`ROW_KEYS`, [N, seq_len]),
+    """Samples `count` prompt batches and returns their rows (`BATCH_KEYS`, [N, seq_len]),
     `prompt_lengths` [N] and the counts `rollouts`, `sampled_tokens`, `stopped`.
 
     Raises:
@@ -156,7 +154,7 @@ def generate_rollouts(
         laid = out.rows(seq_len)
         laid["loss_mask"] = laid.pop("sampled_mask")
         laid["prompt_lengths"] = np.asarray([len(p) for p in lists])
-        rows.append({k: laid[k].astype(np.int32) for k in (*ROW_KEYS, "prompt_lengths")})
+        rows.append({k: laid[k].astype(np.int32) for k in (*BATCH_KEYS, "prompt_lengths")})
         stats["rollouts"] += len(lists)
         stats["sampled_tokens"] += int(out.lengths.sum())
         stats["stopped"] += int(out.stopped.sum())
@@ -184,7 +182,7 @@ class RolloutPool:
     """Rollout rows served `batch_size` at a time, reshuffled each epoch (a `DataSource`).
 
     Args:
-      pool: arrays with `ROW_KEYS` ([N, T] each), e.g. from `generate_rollouts`.
+      pool: arrays with `BATCH_KEYS` ([N, T] each), e.g. from `generate_rollouts`.
       batch_size: rows per batch (global: each process returns its share of them).
       seed: shuffling seed.
       shuffle: reshuffle every epoch (else the pool order, e.g. for evaluation).
@@ -194,7 +192,7 @@ class RolloutPool:
 
     def __init__(self, pool: Mapping[str, np.ndarray], *, batch_size: int, seed: int = 0,
                  shuffle: bool = True):  # fmt: skip
-        self.rows = {k: np.asarray(pool[k], np.int32) for k in ROW_KEYS}
+        self.rows = {k: np.asarray(pool[k], np.int32) for k in BATCH_KEYS}
         self.size = len(self.rows["input_ids"])
         if batch_size < 1 or batch_size > self.size:
             raise ValueError(f"RolloutPool: batch_size {batch_size} for a pool of {self.size} rows")

@@ -17,9 +17,7 @@ import models
 from data import Instruction, check_constraints, pass_rates
 from hat_jax import chat_format, files
 from hat_jax.sharding import all_process_rows, process_rows
-from hat_jax.train import StageDriver, TrainState
-
-ROW_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
+from hat_jax.train import BATCH_KEYS, StageDriver, TrainState
 
 
 class StudentSampler:
@@ -68,7 +66,7 @@ def _prompt_lists(batch: Mapping[str, np.ndarray]) -> list[list[int]]:
 def _rows(out: models.SampleOutput, seq_len: int) -> dict[str, np.ndarray]:
     rows = out.rows(seq_len)
     rows["loss_mask"] = rows.pop("sampled_mask")
-    return {k: rows[k].astype(np.int32) for k in ROW_KEYS}
+    return {k: rows[k].astype(np.int32) for k in BATCH_KEYS}
 
 
 class OPDSource:

@@ -6,10 +6,10 @@ current weights (`rl._rollout.rollout`), scores them (the room's rewarder), comp
 advantages over the segments (`rl.hat_advantages`: tool and reply pools, GDPO per dimension
 within the group, the CoT-length term, batch normalisation, zero-advantage filtering), lays
 the kept segments out as rows (`rl._rollout.rows`) and splits them into minibatches of
-`batch_size` rows, `epochs` passes over them. Each rollout's rows are written to `<run>/rollouts/<n>.npz`
-(atomically, compressed; the newest `keep_rollouts` kept) before training on them, so a run
-resumed in the middle of a rollout trains on the very same rows; the source's state is the
-rollout count and the minibatch reached.
+`batch_size` rows, `epochs` passes over them. Each rollout's rows are written to
+`<run>/rollouts/<n>.npz` (atomically, compressed; the newest `keep_rollouts` kept) before
+training on them, so a run resumed in the middle of a rollout trains on the very same rows;
+the source's state is the rollout count and the minibatch reached.
 
 In a job of several processes every process runs the whole rollout: the episodes' host
 logic is replicated (a rollout is a function of the weights and the seed alone), each
@@ -18,7 +18,8 @@ its share of every minibatch (`hat_jax.sharding.process_rows`): the global batch
 single process. The position is the same on every process, so a checkpoint resumes under
 another process count; the rows file is written once, by process 0, into the run directory
 the processes share. Wall-clock limits that bind (`sim.budget_s`, tool timeouts) can make
-hosts' rollouts diverge; the sampler then stops the run naming the processes that differ.
+hosts' rollouts diverge: a sampler call with different inputs stops the run naming the
+processes, a different number of calls fails (or waits) in the next collective.
 
 The first minibatch of a rollout carries the rollout's figures (rewards per dimension and
 pool, q(L), CoT lengths, filtered share, faults, episode lengths, trajectories per second,
