@@ -1,81 +1,9 @@
-"""A local JAX policy from a trained checkpoint, for the launch scripts that run policies.
-
-`launch.agent`, `launch.simulate` and `launch.eval` accept `--policy jax --checkpoint PATH`:
-an Orbax checkpoint (a run's `checkpoints/`, a step, or a `save_params` directory) or an HF
-directory (e.g. an export of `serve.convert to-hf`). The tokenizer is the HF directory's own,
-else `tokenizer_dir`, else the bundled demo tokenizer; a vocabulary that does not fit the
-model is an error that names both sizes.
+"""`--policy jax` flags for the launch scripts that run policies (`launch.agent`,
+`launch.simulate`): `--checkpoint`, `--tokenizer_dir`, `--max_length`, loaded with
+`serve.load_jax_policy` (an Orbax checkpoint or an HF directory; see `serve._jax_policy`).
 """
 
 from __future__ import annotations
-
-import pathlib
-from typing import Any
-
-
-def tokenizer_for(checkpoint: str, tokenizer_dir: str | None = None):
-    """The tokenizer of a checkpoint (see the module docstring)."""
-    from data.tokenizer import load_tokenizer
-    from serve import convert
-
-    if tokenizer_dir:
-        return load_tokenizer(tokenizer_dir)
-    path = pathlib.Path(checkpoint)
-    if convert.is_hf_dir(path) and (path / "tokenizer_config.json").is_file():
-        return load_tokenizer(path)
-    return load_tokenizer(None)
-
-
-def load_jax_policy(
-    checkpoint: str,
-    *,
-    tokenizer_dir: str | None = None,
-    dtype: str = "float32",
-    top_k: int = 0,
-    max_length: int = 0,
-) -> tuple[Any, dict[str, Any]]:
-    """`(rl.JaxPolicy, description)` for a checkpoint.
-
-    Args:
-      checkpoint: Orbax or HF directory.
-      tokenizer_dir: a tokenizer to use instead of the checkpoint's (or the demo one).
-      dtype: parameter and compute dtype.
-      top_k: the policy's top-k filter (0: none).
-      max_length: the sampler's cap on prompt + generated tokens (0: the model's maximum).
-
-    Raises:
-      FileNotFoundError: the checkpoint does not exist.
-      ValueError: the tokenizer does not match the model's vocabulary.
-    """
-    import models
-    import rl
-    from serve import convert
-
-    # Block-wise attention: several 4-8K-token agent prompts prefilled together stay in O(T)
-    # memory (dense scores of 16 such rows need ~17 GB), and it is faster on CPU too.
-    config, model = convert.load_checkpoint(checkpoint, dtype=dtype, attention_impl="flash")
-    tokenizer = tokenizer_for(checkpoint, tokenizer_dir)
-    vocab, size = config.vocab_size, len(tokenizer)
-    # Checkpoints pad their vocabulary (to a multiple of 128 here, more for released models),
-    # but never by more than the tokenizer itself: then the tokenizer is not the model's.
-    if size > vocab or vocab > 2 * size + 1024:
-        raise ValueError(
-            f"the tokenizer ({size} tokens, {tokenizer.name_or_path or 'demo'}) does not match "
-            f"the checkpoint {checkpoint} (vocabulary of {vocab}); pass its tokenizer_dir"
-        )
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    sampler = models.Sampler(model, pad_id=pad, max_length=max_length or None)
-    policy = rl.JaxPolicy(model, tokenizer, top_k=top_k, sampler=sampler)
-    return policy, {
-        "kind": "jax",
-        "checkpoint": str(checkpoint),
-        "format": "hf" if convert.is_hf_dir(checkpoint) else "orbax",
-        "dtype": dtype,
-        "vocab_size": vocab,
-        "tokenizer": str(tokenizer.name_or_path or "demo"),
-        "layers": config.num_layers,
-        "hidden_size": config.hidden_size,
-    }
 
 
 def define_jax_flags() -> tuple:
@@ -102,6 +30,8 @@ def jax_from_flags(defined: tuple):
         from absl import app
 
         raise app.UsageError("--policy jax needs --checkpoint (an Orbax checkpoint or HF dir)")
+    from serve import load_jax_policy
+
     policy, describe = load_jax_policy(
         checkpoint, tokenizer_dir=tokenizer_dir, max_length=max_length
     )

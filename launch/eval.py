@@ -113,7 +113,7 @@ def policy_for(p) -> hev.EvalPolicy:
         return hev.EndpointPolicy(
             policy, describe={"kind": "openai", "endpoint": p.base_url, "model": p.model}
         )
-    from launch._policy import load_jax_policy
+    from serve import load_jax_policy
 
     if not p.checkpoint:
         raise ValueError("config.policy.checkpoint is required for policy.kind='jax'")

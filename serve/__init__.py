@@ -1,11 +1,20 @@
-"""Serving: HF <-> Orbax conversion (planned: the SGLang launch, a local OpenAI-compatible
-server and the deployment replay benchmark). Never imported by training code.
+"""Serving: HF <-> Orbax conversion, a local OpenAI-compatible server over the JAX policy
+(planned: the SGLang launch, the deployment replay benchmark and release gates). Never
+imported by training code.
 
 Conversion (`serve.convert`): `load_hf`, `save_hf`, `to_hf` (an Orbax checkpoint to an HF
 directory), `read_hf_tensors`, `HFCheckpointError`; the MTP draft head: `load_mtp`, `has_mtp`,
-`restore_mtp`;
-CLI `python -m serve.convert from-hf|to-hf`. Imported lazily, so `python -m serve.convert`
-does not load the module twice.
+`restore_mtp`; CLI `python -m serve.convert from-hf|to-hf`.
+
+A policy of a checkpoint: `load_jax_policy` (an `rl.JaxPolicy` over an Orbax or HF directory,
+optionally decoding self-speculatively with its MTP head) and `tokenizer_for`.
+
+The local server (`serve.server`): `python -m serve.server --checkpoint DIR` serves
+`/v1/chat/completions` (streaming and not, tool calls, reasoning), `/v1/models`, `/health`
+and `/get_server_info`, batching concurrent requests (`serve.server.create_app`,
+`load_served_model`).
+
+Imported lazily, so `python -m serve.convert` does not load the module twice.
 """
 
 _CONVERT = (
@@ -18,8 +27,9 @@ _CONVERT = (
     "save_hf",
     "to_hf",
 )
+_POLICY = ("load_jax_policy", "tokenizer_for")
 
-__all__ = list(_CONVERT)
+__all__ = list(_CONVERT + _POLICY)
 
 
 def __getattr__(name: str):
@@ -27,4 +37,8 @@ def __getattr__(name: str):
         from serve import convert
 
         return getattr(convert, name)
+    if name in _POLICY:
+        from serve import _jax_policy
+
+        return getattr(_jax_policy, name)
     raise AttributeError(f"module 'serve' has no attribute {name!r}")

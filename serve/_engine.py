@@ -1,0 +1,292 @@
+"""`BatchEngine`: requests from many HTTP handlers decoded together by one `models.Sampler`.
+
+One worker thread owns the sampler. It takes the first waiting request, gathers every other
+request that arrives within `window_s` (up to `max_rows` rows), and decodes them in one call:
+rows have their own prompt, length limit and sampling settings. Requests that arrive while a
+batch is decoding wait and join the next batch, so N concurrent clients cost about one call
+instead of N.
+
+Compiled shapes: the sampler compiles one program per (rows, prompt length, generation length)
+bucket. The engine rounds a batch's rows up to a power of two (extra rows repeat the first
+prompt and generate one token), so batches of 1 to `max_rows` rows need at most
+log2(max_rows) + 1 programs per length bucket, and `warmup` compiles them before traffic.
+
+Reproducibility: a request with a `seed` and temperature > 0 is decoded in a call of its own
+(the sampler draws one key per call, so a row's sample would otherwise depend on the rows
+beside it); the same prompt, settings and seed then give the same completion. Greedy and
+unseeded requests batch freely.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+import models
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One generated row: its token ids (the stop token included) and why it ended."""
+
+    token_ids: tuple[int, ...]
+    stopped: bool  # ended on a stop token (else its length limit)
+
+
+@dataclasses.dataclass
+class _Job:
+    prompts: list[list[int]]
+    max_new_tokens: int
+    sampling: models.Sampling
+    seed: int | None
+    future: concurrent.futures.Future
+
+    @property
+    def alone(self) -> bool:
+        return self.seed is not None and not self.sampling.greedy
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Counters of the engine's work (read by `/get_server_info`)."""
+
+    batches: int = 0
+    rows: int = 0
+    tokens: int = 0
+    decode_seconds: float = 0.0
+    accepted_length_sum: float = 0.0  # speculative decoding: sum over batches of the mean
+    speculative_batches: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        mean_accept = (
+            self.accepted_length_sum / self.speculative_batches
+            if self.speculative_batches
+            else None
+        )
+        return {
+            "batches": self.batches,
+            "rows": self.rows,
+            "generated_tokens": self.tokens,
+            "mean_batch_rows": self.rows / self.batches if self.batches else 0.0,
+            "decode_seconds": round(self.decode_seconds, 3),
+            "avg_spec_accept_length": mean_accept,
+        }
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed, or its worker died; no request is accepted."""
+
+
+class BatchEngine:
+    """Decodes submitted requests in batches on a worker thread (see the module docstring).
+
+    Args:
+        sampler: the `models.Sampler` (only the worker thread calls it).
+        stop_tokens: token ids that end a row (e.g. `<|im_end|>` and the tokenizer's eos).
+        max_rows: the most rows one call decodes (a request's `n` rows are never split).
+        window_s: how long the worker waits for more requests after the first one.
+        seed: the base seed of unseeded requests (each batch draws a fresh key from it).
+        share_prefix: rows sharing a leading run of tokens (one system prompt and tool list)
+            prefill it once, rounded down to a multiple of this (0: never; plain decoding only).
+    """
+
+    def __init__(
+        self,
+        sampler: models.Sampler,
+        stop_tokens: Sequence[int],
+        *,
+        max_rows: int = 16,
+        window_s: float = 0.005,
+        seed: int = 0,
+        share_prefix: int = 512,
+    ):
+        if max_rows < 1:
+            raise ValueError(f"BatchEngine: max_rows={max_rows} must be >= 1")
+        if window_s < 0:
+            raise ValueError(f"BatchEngine: window_s={window_s} must be >= 0")
+        self.sampler, self.stop_tokens = sampler, [int(t) for t in stop_tokens]
+        self.max_rows, self.window_s, self.share_prefix = max_rows, window_s, share_prefix
+        self.stats = EngineStats()
+        self._seed, self._calls = seed, 0
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._carry: _Job | None = None  # a request that did not fit the last batch
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="batch-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_length(self) -> int:
+        return self.sampler.max_length
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    def submit(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        sampling: models.Sampling,
+        seed: int | None = None,
+    ) -> concurrent.futures.Future:
+        """Queues rows (one per prompt) that share settings; the future gives a `Completion`
+        per row, or raises the sampler's error (e.g. a `ValueError` naming a bad row)."""
+        if not self.alive:
+            raise EngineClosedError(
+                f"BatchEngine is not running ({self._error!r})" if self._error else
+                "BatchEngine is closed"
+            )  # fmt: skip
+        if not prompts:
+            raise ValueError("BatchEngine.submit: no prompts")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        job = _Job(
+            [list(map(int, p)) for p in prompts], int(max_new_tokens), sampling, seed, future
+        )
+        self._queue.put(job)
+        return future
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops the worker after the batch it is decoding; queued requests fail."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout)
+        self._fail_queued(EngineClosedError("BatchEngine closed before this request ran"))
+
+    # The worker.
+
+    def _run(self) -> None:
+        try:
+            while True:
+                first, self._carry = self._carry or self._queue.get(), None
+                if first is None:
+                    return
+                jobs, stop = self._gather(first)
+                for group in self._groups(jobs):
+                    self._decode(group)
+                if stop:
+                    return
+        except BaseException as err:  # noqa: BLE001 - recorded, and every waiter is told
+            self._error = err
+            self._fail_queued(EngineClosedError(f"BatchEngine worker died: {err!r}"))
+            raise
+
+    def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
+        """`first` and what arrives within the window, up to `max_rows` rows."""
+        jobs, rows = [first], len(first.prompts)
+        deadline = time.monotonic() + self.window_s
+        while rows < self.max_rows:
+            try:
+                job = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                break
+            if job is None:
+                return jobs, True
+            if rows + len(job.prompts) > self.max_rows:
+                self._carry = job  # the next batch starts with it
+                break
+            jobs.append(job)
+            rows += len(job.prompts)
+        return jobs, False
+
+    @staticmethod
+    def _groups(jobs: list[_Job]) -> list[list[_Job]]:
+        shared = [j for j in jobs if not j.alone]
+        return ([shared] if shared else []) + [[j] for j in jobs if j.alone]
+
+    def _decode(self, group: list[_Job]) -> None:
+        live = [j for j in group if j.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        prompts = [p for j in live for p in j.prompts]
+        budgets = [j.max_new_tokens for j in live for _ in j.prompts]
+        settings = [j.sampling for j in live for _ in j.prompts]
+        fill = _power_of_two(len(prompts)) - len(prompts)
+        prompts, budgets = prompts + [prompts[0]] * fill, budgets + [1] * fill
+        settings = settings + [settings[0]] * fill
+        if len(live) == 1 and live[0].alone:
+            seed = live[0].seed
+        else:
+            seed = (self._seed * 1_000_003 + self._calls) & 0x7FFFFFFF
+        self._calls += 1
+        shared = 0
+        if self.share_prefix and not self.sampler.num_draft_tokens and len(prompts) > 1:
+            shared = models.shared_prefix_length(prompts, multiple=self.share_prefix)
+        start = time.perf_counter()
+        try:
+            out = self.sampler(
+                prompts,
+                max_new_tokens=budgets,
+                sampling=settings,
+                stop_tokens=self.stop_tokens,
+                seed=seed,
+                shared_prefix=shared,
+            )
+        except Exception as err:  # noqa: BLE001 - the requests fail, the engine goes on
+            for job in live:
+                job.future.set_exception(err)
+            return
+        self._count(out, len(prompts) - fill, time.perf_counter() - start)
+        row = 0
+        for job in live:
+            rows = []
+            for _ in job.prompts:
+                rows.append(Completion(tuple(out.completion(row)), bool(out.stopped[row])))
+                row += 1
+            job.future.set_result(rows)
+
+    def warmup(
+        self,
+        prompt_tokens: Sequence[int],
+        max_new_tokens: int,
+        sampling: models.Sampling | None = None,
+    ) -> int:
+        """Compiles the programs of every batch size (1, 2, 4, ... up to `max_rows` rows) for
+        prompts of these lengths and this completion limit, by decoding placeholder prompts
+        through the engine; returns the number of calls made. Run it before serving."""
+        calls = 0
+        pad = getattr(self.sampler, "pad_id", 0)
+        for length in prompt_tokens:
+            for rows in _sizes(self.max_rows):
+                job = [[pad] * length] * rows
+                settings = sampling or models.Sampling()
+                self.submit(job, max_new_tokens=max_new_tokens, sampling=settings).result()
+                calls += 1
+        return calls
+
+    def _count(self, out: models.SampleOutput, rows: int, seconds: float) -> None:
+        s = self.stats
+        s.batches += 1
+        s.rows += rows
+        s.tokens += int(np.sum(out.lengths[:rows]))
+        s.decode_seconds += seconds
+        if out.acceptance_length is not None:
+            s.accepted_length_sum += out.acceptance_length
+            s.speculative_batches += 1
+
+    def _fail_queued(self, err: BaseException) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and not job.future.done():
+                job.future.set_exception(err)
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _sizes(max_rows: int) -> list[int]:
+    """The batch sizes the engine decodes: powers of two up to the one holding `max_rows`."""
+    return [1 << i for i in range(_power_of_two(max_rows).bit_length())]
