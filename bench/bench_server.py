@@ -8,8 +8,8 @@ concurrent requests buys. Every request samples (temperature 1) a fixed number o
 rows may stop early and the token counts say so). The engine is warmed up first
 (`BatchEngine.warmup`: one program per batch size). Peers are interleaved, medians printed.
 
-    python -m bench server                    # a tiny random policy exported as HF
-    python -m bench.bench_server --checkpoint runs/demo/hf [--requests 16] [--max_tokens 32]
+    python -m bench server                    # a random mid-size policy exported as HF
+    python -m bench.bench_server --checkpoint runs/demo/hf [--requests 64] [--max_tokens 32]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import concurrent.futures
 import os
 import statistics
 import tempfile
+import threading
 import time
 
 import httpx
@@ -31,13 +32,19 @@ from serve import convert
 from serve.server import create_app, load_served_model, serve_in_background
 
 
-def _tiny_export(directory: str) -> str:
+def _random_export(directory: str, size: str) -> str:
+    """A random policy exported as HF with the demo tokenizer: the `tiny` preset, or the
+    mid-size config of `bench_model` (8 layers, hidden 256, 32 experts, top-4)."""
     tokenizer = load_tokenizer()
-    config = models.QwenConfig.preset(
-        "tiny", vocab_size=len(tokenizer), max_position_embeddings=2048
-    )
+    if size == "tiny":
+        config = models.QwenConfig.preset("tiny", vocab_size=len(tokenizer))
+    else:
+        from bench.bench_model import hf_config
+
+        config = models.QwenConfig.from_hf(hf_config().to_dict())
+    config = config.replace(max_position_embeddings=2048)
     model = models.Qwen(config, rngs=nnx.Rngs(0))
-    out = os.path.join(directory, "tiny-policy")
+    out = os.path.join(directory, f"{size}-policy")
     convert.save_hf(model, config, out, tokenizer_dir=str(DEFAULT_DIR), dtype="float32")
     return out
 
@@ -51,35 +58,43 @@ def _render(i: int) -> str:
 
 
 def _run(url: str, model: str, requests: int, concurrency: int, max_tokens: int):
-    """(seconds, generated tokens) of `requests` chat requests at `concurrency`."""
+    """(seconds, generated tokens) of `requests` chat requests sent by `concurrency` clients,
+    each sending its next request when its answer arrives (one connection per client)."""
+    counter = iter(range(requests))
+    lock = threading.Lock()
 
-    def one(i: int) -> int:
-        body = {
-            "model": model,
-            "messages": _messages(i),
-            "temperature": 1.0,
-            "max_tokens": max_tokens,
-        }
-        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
-        reply.raise_for_status()
-        return reply.json()["usage"]["completion_tokens"]
+    def client() -> int:
+        tokens = 0
+        with httpx.Client(base_url=url, timeout=600) as http:
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return tokens
+                body = {"model": model, "messages": _messages(i), "temperature": 1.0,
+                        "max_tokens": max_tokens}  # fmt: skip
+                reply = http.post("/v1/chat/completions", json=body)
+                reply.raise_for_status()
+                tokens += reply.json()["usage"]["completion_tokens"]
 
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        tokens = sum(pool.map(one, range(requests)))
+        tokens = sum(pool.map(lambda _: client(), range(concurrency)))
     return time.perf_counter() - start, tokens
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", default=None, help="HF or Orbax dir (default: tiny)")
-    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--checkpoint", default=None, help="HF or Orbax dir (default: random)")
+    parser.add_argument("--size", choices=["bench", "tiny"], default="bench",
+                        help="the random policy without --checkpoint")  # fmt: skip
+    parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max_tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = args.checkpoint or _tiny_export(tmp)
-        served = load_served_model(checkpoint, max_length=1024, batch_window_s=0.005)
+        checkpoint = args.checkpoint or _random_export(tmp, args.size)
+        served = load_served_model(checkpoint, max_length=1024)
         with serve_in_background(create_app(served)) as url:
             prompt = served.tokenizer.encode(_render(0), add_special_tokens=False)
             served.engine.warmup([len(prompt)], args.max_tokens, models.Sampling())
@@ -89,7 +104,7 @@ def main() -> None:
                     seconds, tokens = _run(url, served.name, args.requests, c, args.max_tokens)
                     figures[c].append((tokens / seconds, seconds, tokens))
             stats = served.engine.stats.as_dict()
-    print(f"checkpoint: {checkpoint if args.checkpoint else 'tiny random (exported as HF)'}")
+    print(f"checkpoint: {checkpoint if args.checkpoint else f'{args.size} random, as HF'}")
     print(
         f"{args.requests} requests x {args.max_tokens} tokens, load average {os.getloadavg()[0]:.1f}"
     )

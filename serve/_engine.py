@@ -1,8 +1,10 @@
 """`BatchEngine`: requests from many HTTP handlers decoded together by one `models.Sampler`.
 
-One worker thread owns the sampler. It takes the first waiting request, gathers every other
-request that arrives within `window_s` (up to `max_rows` rows), and decodes them in one call:
-rows have their own prompt, length limit and sampling settings. Requests that arrive while a
+One worker thread owns the sampler. It takes the first waiting request and every request
+already queued, then waits up to `window_s` for more while it holds fewer rows than the largest
+of the last 8 batches (N clients that each send again on their answer arrive a few milliseconds apart;
+a lone client waits for nobody), up to `max_rows` rows, and decodes them in one call: rows
+have their own prompt, length limit and sampling settings. Requests that arrive while a
 batch is decoding wait and join the next batch, so N concurrent clients cost about one call
 instead of N.
 
@@ -19,6 +21,7 @@ unseeded requests batch freely.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import queue
@@ -90,7 +93,8 @@ class BatchEngine:
         sampler: the `models.Sampler` (only the worker thread calls it).
         stop_tokens: token ids that end a row (e.g. `<|im_end|>` and the tokenizer's eos).
         max_rows: the most rows one call decodes (a request's `n` rows are never split).
-        window_s: how long the worker waits for more requests after the first one.
+        window_s: how long the worker waits for more requests after the first one, while the
+            batch is smaller than the recent ones.
         seed: the base seed of unseeded requests (each batch draws a fresh key from it).
         share_prefix: rows sharing a leading run of tokens (one system prompt and tool list)
             prefill it once, rounded down to a multiple of this (0: never; plain decoding only).
@@ -102,7 +106,7 @@ class BatchEngine:
         stop_tokens: Sequence[int],
         *,
         max_rows: int = 16,
-        window_s: float = 0.005,
+        window_s: float = 0.02,
         seed: int = 0,
         share_prefix: int = 512,
     ):
@@ -116,6 +120,8 @@ class BatchEngine:
         self._seed, self._calls = seed, 0
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._carry: _Job | None = None  # a request that did not fit the last batch
+        # Rows of the recent batches: their largest is how many clients are likely active.
+        self._recent: collections.deque[int] = collections.deque([1], maxlen=8)
         self._closed = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="batch-engine", daemon=True)
@@ -171,6 +177,7 @@ class BatchEngine:
                 if first is None:
                     return
                 jobs, stop = self._gather(first)
+                self._recent.append(sum(len(j.prompts) for j in jobs))
                 for group in self._groups(jobs):
                     self._decode(group)
                 if stop:
@@ -181,12 +188,14 @@ class BatchEngine:
             raise
 
     def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
-        """`first` and what arrives within the window, up to `max_rows` rows."""
+        """`first`, what is queued, and what arrives within the window while the batch is
+        smaller than the recent ones; up to `max_rows` rows."""
         jobs, rows = [first], len(first.prompts)
         deadline = time.monotonic() + self.window_s
         while rows < self.max_rows:
+            wait = deadline - time.monotonic() if rows < max(self._recent) else 0.0
             try:
-                job = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+                job = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
             if job is None:

@@ -285,7 +285,7 @@ def load_served_model(
     num_draft_tokens: int = 0,
     mtp_dir: str | None = None,
     max_batch_rows: int = 16,
-    batch_window_s: float = 0.005,
+    batch_window_s: float = 0.02,
     default_max_tokens: int = 2048,
     seed: int = 0,
 ) -> ServedModel:
@@ -355,7 +355,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("num_draft_tokens", 0, "MTP speculative drafts per step (0: off).")
     flags.DEFINE_string("mtp_dir", None, "Orbax MTP head (default: the HF dir's mtp.*).")
     flags.DEFINE_integer("max_batch_rows", 16, "Most rows decoded in one batch.")
-    flags.DEFINE_float("batch_window_ms", 5.0, "How long a batch waits for more requests.")
+    flags.DEFINE_float("batch_window_ms", 20.0, "How long a batch waits for more requests.")
     flags.DEFINE_integer("default_max_tokens", 2048, "Completion limit when a request has none.")
     flags.DEFINE_integer("seed", 0, "Base seed of requests that send none.")
     flags.DEFINE_list(

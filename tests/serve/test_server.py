@@ -22,7 +22,7 @@ from flax import nnx
 
 import models
 from data.tokenizer import DEFAULT_DIR, load_tokenizer
-from hat_jax import chat_format
+from hat_jax import chat_format, llm_client
 from hat_jax import harness as hx
 from serve import _chat_api, convert
 from serve._engine import BatchEngine
@@ -167,6 +167,13 @@ def test_openai_compat_policy_and_official_client_work_unchanged(scripted):
     assert chunks[-1].usage.total_tokens == reply.usage.total_tokens
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="other", messages=QUESTION)
+
+    # The judge and the HSA rewriter post through llm_client.complete: content comes back.
+    payload = {"model": "scripted", "messages": QUESTION, "temperature": 0.0, "max_tokens": 256,
+               "seed": 1}  # fmt: skip
+    with httpx.Client() as http:
+        answer = llm_client.complete(http, f"{url}/v1/chat/completions", payload)
+    assert answer.startswith("<tool_call>")
 
 
 @pytest.mark.parametrize(
