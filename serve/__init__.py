@@ -1,6 +1,6 @@
-"""Serving: HF <-> Orbax conversion, a local OpenAI-compatible server over the JAX policy
-(planned: the SGLang launch, the deployment replay benchmark and release gates). Never
-imported by training code.
+"""Serving: HF <-> Orbax conversion, a local OpenAI-compatible server over the JAX policy,
+the SGLang launch for exports (planned: the deployment replay benchmark and release gates).
+Never imported by training code.
 
 Conversion (`serve.convert`): `load_hf`, `save_hf`, `to_hf` (an Orbax checkpoint to an HF
 directory), `read_hf_tensors`, `HFCheckpointError`; the MTP draft head: `load_mtp`, `has_mtp`,
@@ -13,6 +13,9 @@ The local server (`serve.server`): `python -m serve.server --checkpoint DIR` ser
 `/v1/chat/completions` (streaming and not, tool calls, reasoning), `/v1/models`, `/health`
 and `/get_server_info`, batching concurrent requests (`serve.server.create_app`,
 `load_served_model`).
+
+SGLang (`serve.sglang`): `sglang_command(SGLangConfig(...))`, `SGLangServer` (start, wait for
+readiness, `server_info`, stop); CLI `python -m serve.sglang --model_path DIR [--dry_run]`.
 
 Imported lazily, so `python -m serve.convert` does not load the module twice.
 """
