@@ -1,5 +1,5 @@
 """Serving: HF <-> Orbax conversion, a local OpenAI-compatible server over the JAX policy,
-the SGLang launch for exports (planned: the deployment replay benchmark and release gates).
+the SGLang launch for exports, the deployment replay benchmark (planned: release gates).
 Never imported by training code.
 
 Conversion (`serve.convert`): `load_hf`, `save_hf`, `to_hf` (an Orbax checkpoint to an HF
@@ -16,6 +16,9 @@ and `/get_server_info`, batching concurrent requests (`serve.server.create_app`,
 
 SGLang (`serve.sglang`): `sglang_command(SGLangConfig(...))`, `SGLangServer` (start, wait for
 readiness, `server_info`, stop); CLI `python -m serve.sglang --model_path DIR [--dry_run]`.
+
+The replay (`serve.replay`): `replay(cases, ctx, endpoint=, model=, run_dir=, config=)`,
+`ReplayConfig`, `load_cases`; CLI `python -m launch.replay`.
 
 Imported lazily, so `python -m serve.convert` does not load the module twice.
 """
