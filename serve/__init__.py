@@ -1,5 +1,5 @@
 """Serving: HF <-> Orbax conversion, a local OpenAI-compatible server over the JAX policy,
-the SGLang launch for exports, the deployment replay benchmark (planned: release gates).
+the SGLang launch for exports, the deployment replay benchmark and release gates.
 Never imported by training code.
 
 Conversion (`serve.convert`): `load_hf`, `save_hf`, `to_hf` (an Orbax checkpoint to an HF
@@ -19,6 +19,9 @@ readiness, `server_info`, stop); CLI `python -m serve.sglang --model_path DIR [-
 
 The replay (`serve.replay`): `replay(cases, ctx, endpoint=, model=, run_dir=, config=)`,
 `ReplayConfig`, `load_cases`; CLI `python -m launch.replay`.
+
+Release gates (`serve.release`): `release(Candidate(...), registry=, gates=GateConfig())`,
+`current_release`; CLI `python -m launch.release`.
 
 Imported lazily, so `python -m serve.convert` does not load the module twice.
 """
