@@ -49,7 +49,7 @@ from hat_jax.eval import EvalContext, EvalSet
 from hat_jax.eval._items import content_hash
 from hat_jax.eval._run import _run_one
 from hat_jax.eval._sets import KINDS
-from hat_jax.harness._openai import _to_wire, turn_from_message
+from hat_jax.harness._openai import chat_payload, turn_from_message
 
 REQUESTS_FILE, SUMMARY_FILE, MANIFEST_FILE, PLOT_FILE = (
     "requests.jsonl", "summary.json", "manifest.json", "latency.png",
@@ -130,22 +130,9 @@ class StreamingEndpoint:
         sampling: hx.SamplingParams | None = None,
     ) -> hx.AssistantTurn:
         sampling = sampling or hx.SamplingParams()
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": [_to_wire(m) for m in messages],
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
-        if tools:
-            body.update(tools=list(tools), tool_choice="auto")
-        if self.server_extensions:
-            body["chat_template_kwargs"] = {"enable_thinking": sampling.enable_thinking}
-            body["separate_reasoning"] = True
+        body = chat_payload(self.model, messages, tools, sampling,
+                            server_extensions=self.server_extensions)  # fmt: skip
+        body.update(stream=True, stream_options={"include_usage": True})
         start = time.perf_counter()
         try:
             message, first, tokens = self._stream(body, start)

@@ -45,6 +45,35 @@ def _to_wire(message: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def chat_payload(
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    sampling: SamplingParams,
+    *,
+    server_extensions: bool = False,
+    extra_body: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The chat-completions request body of one turn (shared by `OpenAICompatPolicy` and the
+    deployment replay's streaming client)."""
+    payload: dict[str, Any] = {
+        "model": model,
+        "messages": [_to_wire(m) for m in messages],
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_tokens,
+    }
+    if server_extensions:
+        payload["chat_template_kwargs"] = {"enable_thinking": sampling.enable_thinking}
+        payload["separate_reasoning"] = True
+    payload.update(extra_body or {})
+    if tools:
+        payload.update(tools=list(tools), tool_choice="auto")
+    if sampling.seed is not None:
+        payload["seed"] = sampling.seed
+    return payload
+
+
 def _parse_text_calls(content: str) -> tuple[str, str, list[ToolCall], list[str]]:
     """Tool calls written as text (a server without a tool-call parser), via the chat format."""
     # A closing think tag means the server did not split off the reasoning: the text starts
@@ -144,22 +173,10 @@ class OpenAICompatPolicy:
         sampling: SamplingParams,
     ) -> dict[str, Any]:
         """The request body of one turn."""
-        payload: dict[str, Any] = {
-            "model": self.model,
-            "messages": [_to_wire(m) for m in messages],
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens,
-        }
-        if self.server_extensions:
-            payload["chat_template_kwargs"] = {"enable_thinking": sampling.enable_thinking}
-            payload["separate_reasoning"] = True
-        payload.update(self.extra_body)
-        if tools:
-            payload.update(tools=list(tools), tool_choice="auto")
-        if sampling.seed is not None:
-            payload["seed"] = sampling.seed
-        return payload
+        return chat_payload(
+            self.model, messages, tools, sampling,
+            server_extensions=self.server_extensions, extra_body=self.extra_body,
+        )  # fmt: skip
 
     def generate(
         self,
