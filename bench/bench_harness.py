@@ -25,6 +25,7 @@ import statistics
 import time
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 
 COMMENTS = [
     ("v1001", "how much is the serum?"),
@@ -72,24 +73,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
     args = parser.parse_args()
-    world_dir = hx.default_world_dir()
-    harness, world = hx.load(world_dir), hx.load_world(world_dir)
+    world_dir = livestream.default_world_dir()
+    harness, world = hx.load(world_dir), livestream.load_world(world_dir)
     state = hx.HarnessState(harness=harness)
     off = tuple(dataclasses.replace(h, enabled=False) for h in harness.hooks.hooks)
     bare = hx.HarnessState(
         harness=dataclasses.replace(harness, hooks=dataclasses.replace(harness.hooks, hooks=off))
     )
-    inline_tools = hx.builtin_toolbox(world)
+    inline_tools = livestream.builtin_toolbox(world)
     threaded_tools = hx.Toolbox(dict(inline_tools))
     configs = [
-        _Config("harness v0, in-process", state, hx.RuleBasedPolicy(state, world), inline_tools),
+        _Config("harness v0, in-process", state, livestream.RuleBasedPolicy(state, world), inline_tools),
         _Config(
             "harness v0, worker threads",
             state,
-            _Threaded(hx.RuleBasedPolicy(state, world)),
+            _Threaded(livestream.RuleBasedPolicy(state, world)),
             threaded_tools,
         ),
-        _Config("hooks disabled, in-process", bare, hx.RuleBasedPolicy(bare, world), inline_tools),
+        _Config("hooks disabled, in-process", bare, livestream.RuleBasedPolicy(bare, world), inline_tools),
     ]
     requests = [
         world.make_request(hx.Comment(text=t, viewer_id=v, handle=world.viewers[v]["handle"]))

@@ -18,7 +18,7 @@ import statistics
 import time
 
 from hat_jax import harness as hx
-from hat_jax import hsa
+from hat_jax import hsa, livestream
 from rl import sim
 
 
@@ -44,8 +44,8 @@ def main() -> None:
     t0 = time.perf_counter()
     scenarios = sim.default_scenarios()
     print(f"scenarios: {len(scenarios)} generated in {time.perf_counter() - t0:.2f} s")
-    world = hx.load_world(hx.default_world_dir())
-    base = hx.load(hx.default_world_dir())
+    world = livestream.load_world(livestream.default_world_dir())
+    base = hx.load(livestream.default_world_dir())
 
     def room(**cfg) -> sim.LiveRoom:
         return sim.LiveRoom(sim.SimConfig(**cfg), world=world, harness=base, scenarios=scenarios)

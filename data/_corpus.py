@@ -31,6 +31,7 @@ from typing import Any
 from data._convert import ConversionError, has_retries, malformed_turns
 from data._records import SCHEMA, CorpusWriter, corpus_record, state_info, write_json
 from hat_jax import harness as hx
+from hat_jax import livestream
 from hat_jax.files import write_text
 
 STATE_MODES = ("original+augmented", "original", "augmented")
@@ -440,7 +441,7 @@ def write_corpus(
                 writer.write(outcome.record)
         if writer.count == 0:  # raised inside: the writer leaves no files behind
             raise ValueError(f"no trajectory passed the quality filter: {stats.to_dict()['total']}")
-    base = hx.load(hx.default_world_dir())
+    base = hx.load(livestream.default_world_dir())
     manifest = {
         "schema": SCHEMA,
         "split": config.split,

@@ -147,8 +147,9 @@ class PipelineConfig:
 def make_augmenter(config: OnlineHSAConfig) -> Augmenter:
     """Fresh augmentations of the base Harness (`config.harness_dir`) by `hat_jax.hsa.augment`."""
     from hat_jax import harness as hx
+    from hat_jax import livestream
 
-    base = hx.load(config.harness_dir or hx.default_world_dir())
+    base = hx.load(config.harness_dir or livestream.default_world_dir())
     return HsaAugmenter(base, dims=config.dims, strength=config.strength)
 
 

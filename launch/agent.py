@@ -22,9 +22,10 @@ import pathlib
 from absl import app, flags
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from launch import _logs, _policy
 
-_WORLD = flags.DEFINE_string("world", str(hx.default_world_dir()), "World folder with harness/.")
+_WORLD = flags.DEFINE_string("world", str(livestream.default_world_dir()), "World folder with harness/.")
 _COMMENT = flags.DEFINE_string("comment", None, "One viewer comment to answer.")
 _FILE = flags.DEFINE_string("comments_file", None, "Text (one per line) or JSONL comments.")
 _VIEWER = flags.DEFINE_string("viewer", "v1001", "Viewer id for --comment (see viewers.json).")
@@ -67,7 +68,7 @@ _BUDGET = flags.DEFINE_float("budget_s", 10.0, "Time budget per request (seconds
 _TOOL_TIMEOUT = flags.DEFINE_float("tool_timeout_s", 5.0, "Timeout per tool call (seconds).")
 
 
-def _comments(world: hx.World) -> list[hx.Comment]:
+def _comments(world: livestream.World) -> list[hx.Comment]:
     if _COMMENT.value is not None:
         viewer = world.viewers.get(_VIEWER.value, {})
         return [
@@ -89,8 +90,8 @@ def _mcp(world_dir: str):
     if _MCP.value == "none":
         return contextlib.nullcontext(None)
     target = {
-        "stdio": hx.marketing_server_params(world_dir),
-        "inprocess": hx.marketing_server(world_dir),
+        "stdio": livestream.marketing_server_params(world_dir),
+        "inprocess": livestream.marketing_server(world_dir),
     }.get(_MCP.value, _MCP.value)
     return hx.McpToolset(target, timeout_s=_TOOL_TIMEOUT.value)
 
@@ -98,7 +99,7 @@ def _mcp(world_dir: str):
 def main(argv):
     del argv
     _logs.quiet()
-    world, harness = hx.load_world(_WORLD.value), hx.load(_WORLD.value)
+    world, harness = livestream.load_world(_WORLD.value), hx.load(_WORLD.value)
     state = hx.HarnessState(harness=harness)
     comments = _comments(world)
     if _MODE.value == "multi":
@@ -106,7 +107,7 @@ def main(argv):
     else:
         groups = [(c,) for c in comments]
     if _POLICY.value == "rules":
-        policy = hx.RuleBasedPolicy(state, world)
+        policy = livestream.RuleBasedPolicy(state, world)
     elif _POLICY.value == "jax":
         policy = _policy.jax_from_flags(_JAX)
     else:
@@ -126,7 +127,7 @@ def main(argv):
     )
     trajectories, history = [], []
     with _mcp(_WORLD.value) as mcp:
-        tools = hx.builtin_toolbox(world)
+        tools = livestream.builtin_toolbox(world)
         if mcp is not None:
             tools = tools.merged(hx.bind_mcp_tools(state, "marketing", mcp))
         print(

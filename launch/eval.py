@@ -29,6 +29,7 @@ from absl import app
 
 from hat_jax import eval as hev
 from hat_jax import harness as hx
+from hat_jax import livestream
 from launch import _common
 
 _FLAGS: dict = {}
@@ -99,7 +100,7 @@ def policy_for(p) -> hev.EvalPolicy:
         )
     if p.kind == "rules":
         return hev.FactoryPolicy(
-            lambda prepared, ctx: hx.RuleBasedPolicy(prepared.state, ctx.world),
+            lambda prepared, ctx: livestream.RuleBasedPolicy(prepared.state, ctx.world),
             describe={"kind": "rules"},
             agent_only=True,
         )

@@ -22,7 +22,7 @@ import models
 import rl
 from data.tokenizer import load_tokenizer
 from hat_jax import harness as hx
-from hat_jax import hsa, sharding, train
+from hat_jax import hsa, livestream, sharding, train
 from launch import _common
 from rl import rewards, sim
 
@@ -89,7 +89,7 @@ def build(c, *, run_dir: str | None = None) -> Built:
 def rooms(c, config: rl.RLConfig) -> tuple[sim.LiveRoom, sim.LiveRoom]:
     """The training and held-out rooms: the world and Harness (validated on load), the
     scenarios (a JSONL file, or generated), the rewarder (rules, or the judge panel's)."""
-    world = hx.load_world(c.sim.world or hx.default_world_dir())
+    world = livestream.load_world(c.sim.world or livestream.default_world_dir())
     harness = hx.load(world.root)
     scenarios = sim.read_scenarios(c.sim.scenarios) if c.sim.scenarios else None
     rewarder = rewards.Rewarder(harness)

@@ -21,7 +21,7 @@ import pathlib
 
 from absl import app, flags
 
-from hat_jax import files
+from hat_jax import files, livestream
 from hat_jax import harness as hx
 from launch import _logs
 from launch import _policy as _jax
@@ -77,7 +77,7 @@ def _policy(room: sim.LiveRoom):
     if _POLICY.value == "teacher":
         return room.teacher()
     if _POLICY.value == "rules":
-        return lambda scenario, state: hx.RuleBasedPolicy(state, room.world)
+        return lambda scenario, state: livestream.RuleBasedPolicy(state, room.world)
     if _POLICY.value == "jax":
         return _jax.jax_from_flags(_JAX)
     return hx.OpenAICompatPolicy(

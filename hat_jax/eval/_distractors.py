@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from rl.rewards import _facts
 from rl.sim import Fact
 
@@ -155,14 +156,14 @@ def with_distractors(
 
 
 # ---------------------------------------------------------------------------------- executors
-def _product(world: hx.World, args: Mapping[str, Any]) -> Mapping[str, Any]:
+def _product(world: livestream.World, args: Mapping[str, Any]) -> Mapping[str, Any]:
     pid = args.get("product_id")
     if not pid:
         raise hx.ToolError("a product_id is needed")
     return world.product(str(pid))
 
 
-def _stale_price(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _stale_price(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     p = _product(world, args)
     return {
         "product_id": p["id"],
@@ -174,7 +175,7 @@ def _stale_price(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _price_history(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _price_history(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     p = _product(world, args)
     return {
         "product_id": p["id"],
@@ -186,7 +187,7 @@ def _price_history(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _stale_stock(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _stale_stock(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     p = _product(world, args)
     return {
         "product_id": p["id"],
@@ -196,12 +197,12 @@ def _stale_stock(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _restock(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _restock(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     p = _product(world, args)
     return {"product_id": p["id"], "scheduled": [], "note": "No restock is scheduled."}
 
 
-def _summary(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _summary(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     p = _product(world, args)
     return {
         "product_id": p["id"],
@@ -211,7 +212,7 @@ def _summary(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _archive(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _archive(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "query": args.get("query", ""),
         "results": [],
@@ -219,30 +220,30 @@ def _archive(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _return_summary(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _return_summary(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "policy": "Returns and exchanges follow the terms shown on each product's page.",
         "note": "Store-wide summary from the help center; product terms are not included.",
     }
 
 
-def _coupons(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _coupons(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     titles = [c.get("title", "") for c in world.room.get("campaigns", ())]
     return {"campaigns": titles, "note": "Preview only: no coupon was issued."}
 
 
-def _lotteries(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _lotteries(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "lotteries": [{"prize": "a canvas tote bag", "drawn_on": "2025-12-20", "status": "closed"}],
         "note": "Finished lotteries of earlier sessions.",
     }
 
 
-def _gifts(world: hx.World, args: Mapping[str, Any]) -> dict[str, Any]:
+def _gifts(world: livestream.World, args: Mapping[str, Any]) -> dict[str, Any]:
     return {"gifts": [], "note": "Follower gifts change every session and are listed on air."}
 
 
-_ANSWER: dict[str, Callable[[hx.World, Mapping[str, Any]], Any]] = {
+_ANSWER: dict[str, Callable[[livestream.World, Mapping[str, Any]], Any]] = {
     "legacy_price_lookup": _stale_price,
     "get_price_history": _price_history,
     "archived_inventory_snapshot": _stale_stock,
@@ -256,7 +257,7 @@ _ANSWER: dict[str, Callable[[hx.World, Mapping[str, Any]], Any]] = {
 }
 
 
-def executor(name: str, world: hx.World) -> Callable[[dict[str, Any]], Any]:
+def executor(name: str, world: livestream.World) -> Callable[[dict[str, Any]], Any]:
     """The sandbox executor of distractor `name` (on its canonical name, which is its own)."""
     look = _BY_NAME[name]
     answer = _ANSWER.get(name)
@@ -266,7 +267,7 @@ def executor(name: str, world: hx.World) -> Callable[[dict[str, Any]], Any]:
     return lambda args: answer(world, args)
 
 
-def toolbox(distractors: Sequence[Mapping[str, Any]], world: hx.World) -> hx.Toolbox:
+def toolbox(distractors: Sequence[Mapping[str, Any]], world: livestream.World) -> hx.Toolbox:
     """Executors of the item's distractors (in-memory, so inline)."""
     fns = {d["name"]: executor(d["name"], world) for d in distractors}
     return hx.Toolbox(fns, inline=fns)

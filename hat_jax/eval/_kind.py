@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from hat_jax.eval._items import EvalItem, EvalSet, content_hash
 
 
@@ -38,7 +39,7 @@ class EvalContext:
         item keeps the rule labels, and its record says so).
     """
 
-    world: hx.World
+    world: livestream.World
     harness: hx.Harness
     limits: hx.Limits = dataclasses.field(default_factory=hx.Limits)
     judge: Any = None
@@ -65,7 +66,7 @@ class EvalContext:
     @classmethod
     def default(cls) -> EvalContext:
         """The bundled world and its Harness v0."""
-        world = hx.load_world(hx.default_world_dir())
+        world = livestream.load_world(livestream.default_world_dir())
         return cls(world=world, harness=hx.load(world.root))
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from hat_jax import harness as hx
-from hat_jax import hsa
+from hat_jax import hsa, livestream
 from hat_jax.eval._items import EvalItem, EvalSet, SetVersionError, content_hash, stable_seed
 from hat_jax.eval._kind import EvalContext, Prepared, set_name
 from rl import sim
@@ -99,9 +99,9 @@ def rewarder(harness: hx.Harness) -> Rewarder:
 # ---------------------------------------------------------------------------------- scenarios
 @functools.lru_cache(maxsize=4)
 def _world_scenarios(root: str) -> sim.ScenarioSet:
-    if pathlib.Path(root).resolve() == pathlib.Path(hx.default_world_dir()).resolve():
+    if pathlib.Path(root).resolve() == pathlib.Path(livestream.default_world_dir()).resolve():
         return sim.default_scenarios()
-    return sim.generate_scenarios(hx.load_world(root))
+    return sim.generate_scenarios(livestream.load_world(root))
 
 
 def split_scenarios(ctx: EvalContext, split: str) -> sim.ScenarioSet:

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from hat_jax.eval import _constraints, _distractors
 from hat_jax.eval._items import EvalItem, EvalSet, stable_seed
 from hat_jax.eval._kind import EvalContext, Prepared, set_name
@@ -69,7 +70,7 @@ def _h(*parts: Any) -> int:
 
 def scenarios_for(ctx: EvalContext, split: str) -> sim.ScenarioSet:
     """The scenarios of `ctx.world` (the cached default set for the bundled world)."""
-    same = pathlib.Path(ctx.world.root).resolve() == hx.default_world_dir().resolve()
+    same = pathlib.Path(ctx.world.root).resolve() == livestream.default_world_dir().resolve()
     pool = sim.default_scenarios() if same else sim.generate_scenarios(ctx.world)
     return pool.split(split)
 

@@ -1,32 +1,29 @@
 """The Harness runtime: Skills, tools (built-in and MCP), the prompt pipeline, Hooks, the
-bounded agent loop and trajectory records (paper §2.2-2.3).
+bounded agent loop and trajectory records (paper §2.2-2.3). The live-commerce domain it runs
+(world, commerce tools, marketing MCP server, rule-based policy, commerce checks) is
+`hat_jax.livestream`.
 
-Typical use:
-
-    from hat_jax import harness as hx
-    h = hx.load("data/livestream")                 # frozen, versioned Harness v0
-    world = hx.load_world("data/livestream")       # catalog, room, orders, marketing
-    tools = hx.builtin_toolbox(world)
-    with hx.McpToolset(hx.marketing_server(world)) as mcp:     # discovery at start-up
-        tools = tools.merged(hx.bind_mcp_tools(h, "marketing", mcp))
-        request = world.make_request(hx.Comment(text="how much is the serum?", viewer_id="v1001"))
-        traj = hx.run_agent(h, request, hx.RuleBasedPolicy(hx.HarnessState(harness=h), world), tools)
-    print(traj.spoken)
-
-For Harness-State Augmentation: derive variants with `dataclasses.replace` or
-`HarnessState.rename_tool` / `rename_skill` (which keep every reference consistent and extend the
-`RenameMap`), then `validate(variant.harness, variant.renames)`. Executors stay keyed by
-canonical names; `HarnessState.resolve_tool` is the single place surface names are resolved.
+    from hat_jax import harness as hx, livestream
+    h = hx.load(livestream.default_world_dir())          # frozen, versioned Harness v0
+    world = livestream.load_world(livestream.default_world_dir())
+    request = world.make_request(hx.Comment(text="how much is the serum?", viewer_id="v1001"))
+    policy = livestream.RuleBasedPolicy(hx.HarnessState(harness=h), world)
+    print(hx.run_agent(h, request, policy, livestream.builtin_toolbox(world)).spoken)
 """
 
-import pathlib
-
-from hat_jax.harness._checks import normalize_text, to_speech
+from hat_jax.harness._checks import RUNTIME_CHECKS, normalize_text, sentences, to_speech
 from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline
 from hat_jax.harness._errors import PolicyError, ToolDenied, ToolError, ToolTimeout
-from hat_jax.harness._factcheck import Evidence, unsupported_claims
 from hat_jax.harness._frozen import FrozenDict, content_hash, freeze, thaw
-from hat_jax.harness._hooks import HOOK_IMPLEMENTATIONS, HookRunner, ReplyCandidate
+from hat_jax.harness._hook_types import (
+    CallSubject,
+    CheckLibrary,
+    HookContext,
+    ReplyCandidate,
+    ResultSubject,
+    Verdict,
+)
+from hat_jax.harness._hooks import CheckLibraryError, HookRunner, checks_for
 from hat_jax.harness._loader import HarnessError, Problem, load
 from hat_jax.harness._loop import Limits, run_agent
 from hat_jax.harness._manifest import (
@@ -37,7 +34,6 @@ from hat_jax.harness._manifest import (
     reconcile,
     write_manifest,
 )
-from hat_jax.harness._marketing import MarketingService, marketing_server, marketing_server_params
 from hat_jax.harness._mcp import (
     DiscoveredTool,
     McpDiscoveryError,
@@ -57,16 +53,22 @@ from hat_jax.harness._policy import (
 from hat_jax.harness._prompt import (
     build_system_prompt,
     build_user_message,
+    clock,
+    money,
     render_skill,
     render_text,
     tool_schemas,
 )
 from hat_jax.harness._request import Comment, Request, RequestContext, group_comments
-from hat_jax.harness._rule_policy import RuleBasedPolicy
+from hat_jax.harness._retrieval import rank_faq, tokens
 from hat_jax.harness._spec import (
     CONTEXT_ARGS,
     FLOW_TOOLS,
     HOOK_POINTS,
+    LOAD_SKILL,
+    NO_REPLY,
+    REPLY_PRIVATE,
+    REPLY_PUBLIC,
     SKILL_KINDS,
     TOOL_CATEGORIES,
     Constraint,
@@ -83,7 +85,7 @@ from hat_jax.harness._spec import (
     UserMessageFormat,
 )
 from hat_jax.harness._state import HarnessState, RenameMap, as_state
-from hat_jax.harness._tools import Toolbox, builtin_toolbox
+from hat_jax.harness._tools import Toolbox
 from hat_jax.harness._trajectory import (
     Fault,
     FinalReply,
@@ -95,45 +97,39 @@ from hat_jax.harness._trajectory import (
     write_trajectories,
 )
 from hat_jax.harness._validate import validate_harness as validate
-from hat_jax.harness._world import World, WorldError, load_world
-
-
-def default_world_dir() -> pathlib.Path:
-    """The bundled world (`data/livestream/`, with Harness v0 in its `harness/` folder)."""
-    return pathlib.Path(__file__).resolve().parents[2] / "data" / "livestream"
-
 
 __all__ = [
-    "CONTEXT_ARGS",
-    "FLOW_TOOLS",
-    "HOOK_IMPLEMENTATIONS",
-    "HOOK_POINTS",
-    "SKILL_KINDS",
-    "TOOL_CATEGORIES",
     "AssistantTurn",
+    "CONTEXT_ARGS",
+    "CallSubject",
+    "CheckLibrary",
+    "CheckLibraryError",
     "Comment",
     "Constraint",
     "DeadlineExceeded",
     "DiscoveredTool",
-    "Evidence",
+    "FLOW_TOOLS",
     "Fallback",
     "Fault",
     "FinalReply",
     "FrozenDict",
+    "HOOK_POINTS",
     "Harness",
     "HarnessError",
     "HarnessState",
+    "HookContext",
     "HookEvent",
     "HookRule",
     "HookRunner",
     "HookSpec",
+    "LOAD_SKILL",
     "Limits",
-    "MarketingService",
     "McpDiscoveryError",
     "McpToolset",
     "Mismatch",
     "ModelCall",
     "ModuleEntry",
+    "NO_REPLY",
     "OpenAICompatPolicy",
     "PolicyError",
     "PolicyModel",
@@ -141,15 +137,20 @@ __all__ = [
     "PromotionRefused",
     "PromptBlock",
     "PromptSpec",
+    "REPLY_PRIVATE",
+    "REPLY_PUBLIC",
+    "RUNTIME_CHECKS",
     "RenameMap",
     "ReplyCandidate",
     "Request",
     "RequestContext",
+    "ResultSubject",
     "Rule",
-    "RuleBasedPolicy",
+    "SKILL_KINDS",
     "SamplingParams",
     "ScriptedPolicy",
     "Skill",
+    "TOOL_CATEGORIES",
     "ToolCall",
     "ToolDenied",
     "ToolError",
@@ -159,37 +160,36 @@ __all__ = [
     "Toolbox",
     "Trajectory",
     "UserMessageFormat",
-    "World",
-    "WorldError",
+    "Verdict",
     "as_state",
     "bind_mcp_tools",
-    "call_with_deadline",
     "build_system_prompt",
     "build_user_message",
-    "builtin_toolbox",
     "call",
+    "call_with_deadline",
+    "checks_for",
+    "clock",
     "content_hash",
-    "default_world_dir",
     "freeze",
     "group_comments",
     "load",
-    "load_world",
-    "marketing_server",
-    "marketing_server_params",
+    "money",
     "normalize_text",
     "promote",
+    "rank_faq",
     "read_manifest",
     "read_trajectories",
     "reconcile",
     "render_skill",
     "render_text",
     "run_agent",
-    "tool_schemas",
+    "sentences",
     "thaw",
     "to_speech",
+    "tokens",
+    "tool_schemas",
     "turn_from_message",
     "undeclared_tools",
-    "unsupported_claims",
     "validate",
     "write_manifest",
     "write_trajectories",

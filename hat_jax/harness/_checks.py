@@ -1,8 +1,9 @@
-"""The hook checks of the Harness runtime, one function per hook name.
+"""The hook checks of the Harness runtime (`RUNTIME_CHECKS`), one function per hook name.
 
-Each is registered with its lifecycle point and the actions it supports; what a violation does
-(and what the policy is told) comes from the Harness's `HookRule`. Checks are pure functions of
-the run so far (`HookContext`) and their subject.
+Each is added to the library with its lifecycle point and the actions it supports; what a
+violation does (and what the policy is told) comes from the Harness's `HookRule`. Checks are
+pure functions of the run so far (`HookContext`) and their subject. Domain checks (e.g. the live
+room's claims against its catalog) live in the domain's own library, named by the Harness.
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ from typing import Any
 
 import jsonschema
 
-from hat_jax.harness._factcheck import unsupported_claims
 from hat_jax.harness._frozen import thaw
-from hat_jax.harness._hooks import (
+from hat_jax.harness._hook_types import (
     CallSubject,
+    CheckLibrary,
     ReplyCandidate,
     ResultSubject,
     Verdict,
     _Safe,
-    register,
 )
 from hat_jax.harness._policy import AssistantTurn
 from hat_jax.harness._prompt import instruction_text
@@ -33,8 +33,10 @@ from hat_jax.harness._request import Request
 from hat_jax.harness._spec import LOAD_SKILL, ToolSpec
 from hat_jax.harness._state import HarnessState
 
+RUNTIME_CHECKS = CheckLibrary("hat_jax.harness")
 
-def _regex_list_problems(patterns: Any, field: str) -> list[str]:
+
+def regex_list_problems(patterns: Any, field: str) -> list[str]:
     if not isinstance(patterns, list | tuple) or not patterns:
         return [f"{field} must be a non-empty list of regular expressions"]
     out = []
@@ -47,7 +49,7 @@ def _regex_list_problems(patterns: Any, field: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(patterns: tuple[str, ...]) -> re.Pattern:
+def compiled_patterns(patterns: tuple[str, ...]) -> re.Pattern:
     return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
 
 
@@ -78,7 +80,7 @@ def normalize_text(text: str, max_chars: int) -> str:
     return text
 
 
-@register("normalize_input", "input", ("modify",))
+@RUNTIME_CHECKS.check("normalize_input", "input", ("modify",))
 def _normalize_input(ctx, rule, request: Request):
     max_chars = int(rule.params.get("max_comment_chars", 500))
     comments = []
@@ -96,14 +98,14 @@ def _normalize_input(ctx, rule, request: Request):
     )
 
 
-@register(
+@RUNTIME_CHECKS.check(
     "detect_injection",
     "input",
     ("flag",),
-    lambda p: _regex_list_problems(p.get("patterns"), "params.patterns"),
+    lambda p: regex_list_problems(p.get("patterns"), "params.patterns"),
 )
 def _detect_injection(ctx, rule, request: Request):
-    pattern = _compiled(tuple(rule.params["patterns"]))
+    pattern = compiled_patterns(tuple(rule.params["patterns"]))
     for c in request.comments:
         if m := pattern.search(c.text):
             flags = tuple(dict.fromkeys((*request.flags, "injection")))
@@ -115,7 +117,7 @@ def _detect_injection(ctx, rule, request: Request):
 
 
 # ---------------------------------------------------------------------------------- before_tool
-@register("well_formed_output", "before_tool", ("retry", "block"), subject="turn")
+@RUNTIME_CHECKS.check("well_formed_output", "before_tool", ("retry", "block"), subject="turn")
 def _well_formed_output(ctx, rule, turn: AssistantTurn):
     if turn.parse_errors:
         return Verdict(
@@ -126,7 +128,7 @@ def _well_formed_output(ctx, rule, turn: AssistantTurn):
     return None
 
 
-@register("known_tool", "before_tool", ("block", "retry"))
+@RUNTIME_CHECKS.check("known_tool", "before_tool", ("block", "retry"))
 def _known_tool(ctx, rule, s: CallSubject):
     if s.canonical is None:
         return Verdict(f"unknown tool {s.call.name!r}", {"tool": s.call.name})
@@ -138,7 +140,7 @@ def _validator(spec: ToolSpec):
     return jsonschema.Draft202012Validator(thaw(spec.parameters))
 
 
-@register("check_tool_arguments", "before_tool", ("retry", "block"))
+@RUNTIME_CHECKS.check("check_tool_arguments", "before_tool", ("retry", "block"))
 def _check_tool_arguments(ctx, rule, s: CallSubject):
     args = s.call.arguments
     if not isinstance(args, Mapping):
@@ -154,7 +156,7 @@ def _check_tool_arguments(ctx, rule, s: CallSubject):
     return Verdict(detail, {"tool": s.call.name, "detail": detail})
 
 
-@register("require_skill_permission", "before_tool", ("block", "retry"))
+@RUNTIME_CHECKS.check("require_skill_permission", "before_tool", ("block", "retry"))
 def _require_skill_permission(ctx, rule, s: CallSubject):
     gated = rule.params.get("gated_categories", ("commerce", "marketing"))
     if s.spec.category not in gated:
@@ -169,7 +171,7 @@ def _require_skill_permission(ctx, rule, s: CallSubject):
     )
 
 
-@register("injection_guard", "before_tool", ("block",))
+@RUNTIME_CHECKS.check("injection_guard", "before_tool", ("block",))
 def _injection_guard(ctx, rule, s: CallSubject):
     if s.spec.side_effects and "injection" in ctx.request.flags:
         return Verdict(
@@ -190,7 +192,7 @@ def _depth(value: Any, limit: int, level: int = 0) -> int:
     return level
 
 
-@register("sanitize_tool_output", "after_tool", ("modify",))
+@RUNTIME_CHECKS.check("sanitize_tool_output", "after_tool", ("modify",))
 def _sanitize_tool_output(ctx, rule, s: ResultSubject):
     if s.error is not None:
         return None
@@ -222,7 +224,7 @@ def _sanitize_tool_output(ctx, rule, s: ResultSubject):
 
 
 # ---------------------------------------------------------------------------------- before_reply
-@register("require_reply_skill", "before_reply", ("retry", "block"))
+@RUNTIME_CHECKS.check("require_reply_skill", "before_reply", ("retry", "block"))
 def _require_reply_skill(ctx, rule, r: ReplyCandidate):
     if r.channel == "none" or len(r.text) <= int(rule.params.get("exempt_max_chars", 0)):
         return None
@@ -263,7 +265,7 @@ def to_speech(text: str) -> tuple[str, list[str]]:
     return " ".join(out.split()), found
 
 
-@register("speech_format", "before_reply", ("modify", "retry"))
+@RUNTIME_CHECKS.check("speech_format", "before_reply", ("modify", "retry"))
 def _speech_format(ctx, rule, r: ReplyCandidate):
     if r.channel not in rule.params.get("channels", ("public",)):
         return None
@@ -283,7 +285,7 @@ def sentences(text: str) -> list[str]:
     return [s for s in _SENTENCE_END.split(text.strip()) if s]
 
 
-@register("reply_length", "before_reply", ("retry", "modify"))
+@RUNTIME_CHECKS.check("reply_length", "before_reply", ("retry", "modify"))
 def _reply_length(ctx, rule, r: ReplyCandidate):
     if r.channel == "none":
         return None
@@ -321,7 +323,7 @@ def _instruction_shingles(state: HarnessState, k: int) -> frozenset[tuple[str, .
     return frozenset(tuple(words[i : i + k]) for i in range(len(words) - k + 1))
 
 
-@register("no_prompt_leak", "before_reply", ("retry", "block"))
+@RUNTIME_CHECKS.check("no_prompt_leak", "before_reply", ("retry", "block"))
 def _no_prompt_leak(ctx, rule, r: ReplyCandidate):
     k = int(rule.params.get("min_shared_words", 10))
     words = _WORD.findall(r.text.lower())
@@ -331,15 +333,6 @@ def _no_prompt_leak(ctx, rule, r: ReplyCandidate):
     if any(tuple(words[i : i + k]) in shingles for i in range(len(words) - k + 1)):
         return Verdict(f"repeats {k} or more consecutive words of the instructions")
     return None
-
-
-@register("factual_risk", "before_reply", ("retry", "block"))
-def _factual_risk(ctx, rule, r: ReplyCandidate):
-    bad = unsupported_claims(r.text, ctx.evidence) if r.channel != "none" else []
-    if not bad:
-        return None
-    detail = ", ".join(bad[:5])
-    return Verdict(detail, {"detail": detail})
 
 
 def _claims_problems(params: Mapping[str, Any]) -> list[str]:
@@ -355,16 +348,16 @@ def _claims_problems(params: Mapping[str, Any]) -> list[str]:
         ):
             out.append(f"params.claims[{i}] needs string fields 'id' and 'says'")
             continue
-        out += _regex_list_problems(c.get("patterns"), f"params.claims[{i}].patterns")
+        out += regex_list_problems(c.get("patterns"), f"params.claims[{i}].patterns")
     return out
 
 
-@register("forbidden_claims", "before_reply", ("retry", "block"), _claims_problems)
+@RUNTIME_CHECKS.check("forbidden_claims", "before_reply", ("retry", "block"), _claims_problems)
 def _forbidden_claims(ctx, rule, r: ReplyCandidate):
     if r.channel == "none":
         return None
     for claim in rule.params["claims"]:
-        if not _compiled(tuple(claim["patterns"])).search(r.text):
+        if not compiled_patterns(tuple(claim["patterns"])).search(r.text):
             continue
         needed = claim.get("requires_tool")
         if needed and (needed in ctx.performed or needed in ctx.pending):
@@ -377,7 +370,7 @@ def _forbidden_claims(ctx, rule, r: ReplyCandidate):
 _THINK = re.compile(r"<think>.*?(?:</think>|\Z)|</?think>|<tool_call>.*?(?:</tool_call>|\Z)", re.S)
 
 
-@register("strip_reasoning", "end_of_turn", ("modify",))
+@RUNTIME_CHECKS.check("strip_reasoning", "end_of_turn", ("modify",))
 def _strip_reasoning(ctx, rule, r: ReplyCandidate):
     if not _THINK.search(r.text):
         return None

@@ -5,7 +5,7 @@ order (so a `load_skill` early in the turn authorises a commerce call later in i
 flow-control tools itself and starts executor calls on worker threads. `collect` then waits for
 each started call until its own deadline (min of the per-call timeout and the trajectory
 budget), maps failures to error results, runs the after-tool hooks and adds successful results
-to the evidence. Independent calls of one round therefore run in parallel.
+to the run's facts. Independent calls of one round therefore run in parallel.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from hat_jax.harness._deadline import Completed, DeadlineExceeded, Pending, start
 from hat_jax.harness._errors import ToolError
-from hat_jax.harness._hooks import CallSubject, ReplyCandidate, ResultSubject
+from hat_jax.harness._hook_types import CallSubject, ReplyCandidate, ResultSubject
 from hat_jax.harness._policy import ToolCall
 from hat_jax.harness._prompt import render_skill
 from hat_jax.harness._spec import FLOW_TOOLS, LOAD_SKILL, NO_REPLY, REPLY_PUBLIC, ToolSpec
@@ -170,7 +170,7 @@ def collect(run, job: Started, intervals: list[tuple[float, float]]) -> dict[str
     if err == "malformed":
         run.traj.faults.append(Fault(round=run.round, kind="malformed_result", detail=call.name))
     if err is None:
-        run.ctx.evidence.add(value)
+        run.ctx.facts.append(value)
         run.ctx.performed.add(job.canonical)
     rec.result, rec.error = value, err
     return tool_message(call, value)

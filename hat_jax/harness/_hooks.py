@@ -1,106 +1,52 @@
-"""Hooks: the framework that runs checks at the loop's lifecycle points from `HookSpec` data.
+"""Hooks: the runner that applies a `HookSpec`'s decisions to the checks it names.
 
-Each check (in `_checks.py`) is a small function `(ctx, rule, subject) -> Verdict | None`
-registered under a name and a lifecycle point. The Harness decides which hooks run, in which
-order, with which action (retry / modify / block / flag), wording and retry limit; `HookRunner`
-applies those decisions and records a `HookEvent` for everything a hook did. Adding behaviour
-means adding a check, not an `if` in the loop.
-
-Subjects per point: `input` -> `Request`; `before_tool` -> `CallSubject` (and the
-`AssistantTurn` for `well_formed_output`); `after_tool` -> `ResultSubject`; `before_reply` and
-`end_of_turn` -> `ReplyCandidate`.
+Each check is a small function `(ctx, rule, subject) -> Verdict | None` in a `CheckLibrary`:
+the runtime's own (`_checks.RUNTIME_CHECKS`) and those a Harness names in hooks.yaml's
+`libraries` (modules exposing a `CHECKS` library, imported by name when the Harness is
+validated or run). The Harness decides which hooks run, in which order, with which action
+(retry / modify / block / flag), wording and retry limit; `HookRunner` applies those decisions
+and records a `HookEvent` for everything a hook did. Adding behaviour means adding a check, not
+an `if` in the loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import importlib
+from collections.abc import Mapping
 from typing import Any
 
-from hat_jax.harness._factcheck import Evidence
-from hat_jax.harness._policy import ToolCall
-from hat_jax.harness._request import Request
-from hat_jax.harness._spec import HookRule, HookSpec, ToolSpec
-from hat_jax.harness._state import HarnessState
+from hat_jax.harness._checks import RUNTIME_CHECKS
+from hat_jax.harness._hook_types import CheckLibrary, HookContext, HookImpl, _Safe
+from hat_jax.harness._spec import HookRule, HookSpec
 from hat_jax.harness._trajectory import HookEvent
 
 
-@dataclasses.dataclass(frozen=True)
-class CallSubject:
-    call: ToolCall
-    canonical: str | None
-    spec: ToolSpec | None
+class CheckLibraryError(ValueError):
+    """A library named in hooks.yaml cannot be used (not importable, no `CHECKS`, a clash)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class ResultSubject:
-    call: ToolCall
-    canonical: str
-    result: Any
-    error: str | None = None
+def check_library(module: str) -> CheckLibrary:
+    """The `CHECKS` library of `module` (a dotted module name; Python imports it once)."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as err:
+        raise CheckLibraryError(f"check library {module!r} cannot be imported: {err}") from err
+    library = getattr(mod, "CHECKS", None)
+    if not isinstance(library, CheckLibrary):
+        raise CheckLibraryError(f"module {module!r} has no CheckLibrary named CHECKS")
+    return library
 
 
-@dataclasses.dataclass(frozen=True)
-class ReplyCandidate:
-    """A reply the policy wants to give: channel public, private or none (no_reply)."""
-
-    channel: str
-    text: str
-    call_id: str | None = None
-
-
-@dataclasses.dataclass
-class HookContext:
-    """What hooks may read about the run so far."""
-
-    state: HarnessState
-    request: Request
-    evidence: Evidence
-    loaded_skills: list[str] = dataclasses.field(default_factory=list)
-    performed: set[str] = dataclasses.field(default_factory=set)
-    pending: set[str] = dataclasses.field(default_factory=set)
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """A violation: `detail` for logs and messages, `fields` for the message template, `fix` a
-    corrected subject (used when the hook's action is `modify` or `flag`)."""
-
-    detail: str
-    fields: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    fix: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class HookImpl:
-    point: str
-    actions: tuple[str, ...]
-    fn: Callable[[HookContext, HookRule, Any], Verdict | None]
-    check_params: Callable[[Mapping[str, Any]], list[str]] | None = None
-    subject: str = "default"  # "turn" for hooks that inspect a whole AssistantTurn
-
-
-HOOK_IMPLEMENTATIONS: dict[str, HookImpl] = {}
-
-
-def register(name: str, point: str, actions: tuple[str, ...], check_params=None, subject="default"):
-    """Decorator: registers a check under `name`, run at `point`, supporting `actions`.
-
-    `check_params(params) -> [problems]` validates the hook's parameters at load time;
-    `subject="turn"` marks checks that inspect a whole `AssistantTurn`.
-    """
-
-    def register(fn):
-        HOOK_IMPLEMENTATIONS[name] = HookImpl(point, actions, fn, check_params, subject)
-        return fn
-
-    return register
-
-
-# ---------------------------------------------------------------------------------- runner
-class _Safe(dict):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
+def checks_for(spec: HookSpec) -> Mapping[str, HookImpl]:
+    """Every check a Harness's hooks may name: the runtime's, then its declared libraries'."""
+    impls: dict[str, HookImpl] = dict(RUNTIME_CHECKS)
+    for module in spec.libraries:
+        library = check_library(module)
+        if clash := sorted(set(impls) & set(library)):
+            raise CheckLibraryError(f"check library {module!r} redefines {clash}")
+        impls.update(library)
+    return impls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +71,7 @@ class HookRunner:
 
     def __init__(self, spec: HookSpec):
         self.spec = spec
+        self.checks = checks_for(spec)
         self._by_point = {
             p: spec.at(p)
             for p in ("input", "before_tool", "after_tool", "before_reply", "end_of_turn")
@@ -145,7 +92,7 @@ class HookRunner:
         """Runs the hooks of `point` whose subject kind is `kind`, in order, until one stops."""
         events: list[HookEvent] = []
         for rule in self._by_point[point]:
-            impl = HOOK_IMPLEMENTATIONS[rule.name]
+            impl = self.checks[rule.name]
             if impl.subject != kind:
                 continue
             verdict = impl.fn(ctx, rule, subject)
@@ -205,8 +152,3 @@ class HookRunner:
         self._retries[rule.name] = used + 1
         self.total_retries += 1
         return True
-
-
-# The checks register themselves on import; importing them here keeps the registry complete for
-# every user of this module.
-from hat_jax.harness import _checks  # noqa: E402, F401

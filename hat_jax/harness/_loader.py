@@ -426,6 +426,7 @@ def _load_hooks(data, problems: list[Problem]) -> HookSpec | None:
         name=name,
         version=str(version),
         hooks=tuple(rules),
+        libraries=tuple(_string_list(r, data, "libraries", "")),
         envelope=envelope,
         max_total_retries=budget,
         fallback=fallback,

@@ -22,11 +22,11 @@ from typing import Any
 
 from hat_jax.harness import _dispatch
 from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline, covered
-from hat_jax.harness._factcheck import Evidence
-from hat_jax.harness._hooks import HookContext, HookRunner, ReplyCandidate
+from hat_jax.harness._hook_types import HookContext, ReplyCandidate
+from hat_jax.harness._hooks import HookRunner
 from hat_jax.harness._policy import AssistantTurn, PolicyModel, SamplingParams
 from hat_jax.harness._prompt import build_system_prompt, build_user_message, tool_schemas
-from hat_jax.harness._request import Request, RequestContext
+from hat_jax.harness._request import Request
 from hat_jax.harness._spec import Harness
 from hat_jax.harness._state import HarnessState, as_state
 from hat_jax.harness._trajectory import Fault, FinalReply, ModelCall, Trajectory
@@ -105,17 +105,6 @@ def run_agent(
     return run.finish(step)
 
 
-def _context_evidence(context: RequestContext) -> Evidence:
-    """Evidence of a request's context (product, room, FAQ pool), computed once per context."""
-    evidence = context.__dict__.get("_evidence")
-    if evidence is None:
-        evidence = Evidence()
-        for value in (context.product, context.room, context.faq_pool):
-            evidence.add(value)
-        object.__setattr__(context, "_evidence", evidence)
-    return evidence
-
-
 class _Run:
     """Mutable state of one trajectory; each public method is one transition."""
 
@@ -126,7 +115,7 @@ class _Run:
         self.deadline = self.t0 + limits.budget_s
         self.max_rounds = min(limits.max_rounds, state.harness.prompt.constraint("max_rounds"))
         self.hooks = HookRunner(state.harness.hooks)
-        self.ctx = HookContext(state=state, request=request, evidence=Evidence())
+        self.ctx = HookContext(state=state, request=request)
         self.round, self.model_s, self.tool_s, self.policy_retried = 0, 0.0, 0.0, False
         self.messages: list[dict[str, Any]] = []
         h = state.harness
@@ -147,7 +136,8 @@ class _Run:
                 "input_blocked",
                 res.violation.detail if res.violation else "no comment left after normalisation",
             )
-        self.ctx.evidence.merge(_context_evidence(self.request.context))
+        ctx = self.request.context
+        self.ctx.facts += [ctx.product, ctx.room, ctx.faq_pool]
         self.messages = [
             {"role": "system", "content": build_system_prompt(self.state, self.request)},
             {"role": "user", "content": build_user_message(self.state, self.request)},

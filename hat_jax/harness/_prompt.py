@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hat_jax.harness._request import Request
+from hat_jax.harness._retrieval import rank_faq
 from hat_jax.harness._spec import PromptBlock, Skill
 from hat_jax.harness._state import PLACEHOLDER, HarnessState
 
@@ -125,8 +126,6 @@ def _dynamic_items(block: PromptBlock, state: HarnessState, request: Request) ->
             return ["(no product on screen)"]
         return list(_per_context(ctx, "_product_items", lambda: _product_items(ctx.product, sym)))
     if block.source == "faqs":
-        from hat_jax.harness._world import rank_faq
-
         query = " ".join(c.text for c in request.comments)
         hits = rank_faq(query, ctx.faq_pool, prompt.constraint("faq_top_k"))
         return [f"Q: {f['q']} A: {f['a']}" for f in hits] or ["(no related FAQ)"]

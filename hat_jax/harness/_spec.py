@@ -225,7 +225,7 @@ class PromptSpec(_Hashed):
 class HookRule(_Hashed):
     """Configuration of one hook: where it runs, what a violation does, what the policy is told.
 
-    `name` selects the implementation (see `HOOK_IMPLEMENTATIONS`); `message` is a template with
+    `name` selects the check (the runtime's or one of `HookSpec.libraries`'); `message` is a template with
     `{placeholders}` the implementation fills; `max_retries` bounds `retry` actions of this hook.
     """
 
@@ -261,6 +261,7 @@ class HookSpec(_Hashed):
     name: str
     version: str
     hooks: tuple[HookRule, ...]
+    libraries: tuple[str, ...] = ()  # modules whose `CHECKS` add to the runtime's checks
     envelope: str = "[{hook}] {message}"
     max_total_retries: int = 3
     fallback: Fallback = dataclasses.field(default_factory=Fallback)

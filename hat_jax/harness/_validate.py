@@ -13,7 +13,7 @@ import json
 import jsonschema
 
 from hat_jax.harness._frozen import canonical_json, thaw
-from hat_jax.harness._hooks import HOOK_IMPLEMENTATIONS
+from hat_jax.harness._hooks import CheckLibraryError, checks_for
 from hat_jax.harness._loader import Problem
 from hat_jax.harness._prompt import ROOM_FIELDS
 from hat_jax.harness._spec import CONTEXT_ARGS, FLOW_TOOLS, Harness
@@ -137,10 +137,15 @@ def _check_prompt(harness: Harness, out: list[Problem]) -> None:
 
 def _check_hooks(harness: Harness, canonical: set[str], out: list[Problem]) -> None:
     spec, file = harness.hooks, harness.hooks.source or "hooks"
+    try:
+        checks = checks_for(spec)
+    except CheckLibraryError as err:
+        out.append(Problem(file, "libraries", str(err)))
+        return
     names = [h.name for h in spec.hooks]
     for i, h in enumerate(spec.hooks):
         field = f"hooks[{i}]"
-        impl = HOOK_IMPLEMENTATIONS.get(h.name)
+        impl = checks.get(h.name)
         if names.count(h.name) > 1:
             out.append(Problem(file, f"{field}.name", f"duplicate hook {h.name!r}"))
         if impl is None:
@@ -148,7 +153,7 @@ def _check_hooks(harness: Harness, canonical: set[str], out: list[Problem]) -> N
                 Problem(
                     file,
                     f"{field}.name",
-                    f"no hook implementation named {h.name!r}; known: {sorted(HOOK_IMPLEMENTATIONS)}",
+                    f"no hook implementation named {h.name!r}; known: {sorted(checks)}",
                 )
             )
             continue

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from rl.advantages import REWARD_DIMS
 from rl.rewards import _facts
 from rl.sim import Scenario
@@ -127,8 +128,8 @@ class _Episode:
         self.loaded = [self.renames.canonical_skill(s) for s in traj.loaded_skills]
         self.replied = not traj.final.fallback and not traj.final.suppressed
 
-    def evidence(self) -> hx.Evidence:
-        ev = hx.Evidence()
+    def evidence(self) -> livestream.Evidence:
+        ev = livestream.Evidence()
         ctx = self.traj.request.get("context") or {}
         for key in ("product", "room", "faq_pool"):
             ev.add(ctx.get(key))
@@ -178,7 +179,7 @@ class Rewarder:
     """
 
     def __init__(self, harness: hx.Harness | None = None, config: RewardConfig | None = None):
-        self.harness = harness or hx.load(hx.default_world_dir())
+        self.harness = harness or hx.load(livestream.default_world_dir())
         self.config = config or RewardConfig()
 
     def score(
@@ -219,7 +220,7 @@ class Rewarder:
         for channel, text in (("public", ep.public), ("private", ep.private)):
             if text:
                 why += [
-                    f"unsupported {c!r} ({channel})" for c in hx.unsupported_claims(text, evidence)
+                    f"unsupported {c!r} ({channel})" for c in livestream.unsupported_claims(text, evidence)
                 ]
         for claim in _claims(self.harness):
             needed = claim.get("requires_tool")

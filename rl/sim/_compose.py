@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from rl.sim._scenario import Intent
 
 
@@ -86,12 +87,12 @@ def _ack(topic: str) -> Clause:
     return Clause(text, f"I can't check {topic} right now", unavailable=True)
 
 
-def _name(world: hx.World, pid: str) -> str:
+def _name(world: livestream.World, pid: str) -> str:
     return world.products[pid]["name"]
 
 
 # ------------------------------------------------------------------------------ product clauses
-def _price(i: Intent, r: Results, world: hx.World) -> Clause:
+def _price(i: Intent, r: Results, world: livestream.World) -> Clause:
     p = r.ok("get_price_promotion", product_id=i.product_id)
     if p is None:
         return _ack("the price")
@@ -138,7 +139,7 @@ def _price(i: Intent, r: Results, world: hx.World) -> Clause:
     return Clause(f"{name} is {money(p['current_price'])}", f"it's {money(p['current_price'])}")
 
 
-def _stock(i: Intent, r: Results, world: hx.World) -> Clause:
+def _stock(i: Intent, r: Results, world: livestream.World) -> Clause:
     v = r.ok("check_inventory", product_id=i.product_id)
     if v is None:
         return _ack("the stock")
@@ -163,7 +164,7 @@ def _stock(i: Intent, r: Results, world: hx.World) -> Clause:
     return Clause(f"{v['name']} is in stock ({v['total']} left)", "it's in stock")
 
 
-def _detail(i: Intent, r: Results, world: hx.World) -> Mapping[str, Any] | None:
+def _detail(i: Intent, r: Results, world: livestream.World) -> Mapping[str, Any] | None:
     """Product facts from the detail tool, or from the product block when it is on screen."""
     d = r.ok("get_product_detail", product_id=i.product_id)
     if d is not None:
@@ -176,7 +177,7 @@ def _detail(i: Intent, r: Results, world: hx.World) -> Mapping[str, Any] | None:
 _PLURAL = ("colours", "key ingredients", "shades", "ingredients", "allergens", "accessories")
 
 
-def _spec(i: Intent, r: Results, world: hx.World) -> Clause:
+def _spec(i: Intent, r: Results, world: livestream.World) -> Clause:
     d = _detail(i, r, world)
     if d is None:
         return _ack("the details")
@@ -192,7 +193,7 @@ def _spec(i: Intent, r: Results, world: hx.World) -> Clause:
     )
 
 
-def _shipping(i: Intent, r: Results, world: hx.World) -> Clause:
+def _shipping(i: Intent, r: Results, world: livestream.World) -> Clause:
     d = _detail(i, r, world)
     if d is None:
         return _ack("the delivery details")
@@ -214,7 +215,7 @@ def _shipping(i: Intent, r: Results, world: hx.World) -> Clause:
     )
 
 
-def _faq(i: Intent, r: Results, world: hx.World) -> Clause:
+def _faq(i: Intent, r: Results, world: livestream.World) -> Clause:
     pid = i.product_id
     hits = r.ok("search_faq", product_id=pid) if pid else r.ok("search_faq")
     for h in (hits or {}).get("results", ()):
@@ -224,7 +225,7 @@ def _faq(i: Intent, r: Results, world: hx.World) -> Clause:
 
 
 # ------------------------------------------------------------------------------ service clauses
-def _policy(i: Intent, r: Results, world: hx.World) -> Clause:
+def _policy(i: Intent, r: Results, world: livestream.World) -> Clause:
     p = r.ok("get_after_sales_policy", product_id=i.product_id)
     if p is None or "policy" not in p:
         return _ack("the return policy")
@@ -245,7 +246,7 @@ def _policy(i: Intent, r: Results, world: hx.World) -> Clause:
     return Clause(pol["condition"])
 
 
-def _order(i: Intent, r: Results, world: hx.World) -> Clause:
+def _order(i: Intent, r: Results, world: livestream.World) -> Clause:
     if i.kind == "order_missing":
         return Clause(
             "please check your private messages",
@@ -268,7 +269,7 @@ def _order(i: Intent, r: Results, world: hx.World) -> Clause:
     return Clause("I've sent you a private message about your order", private=" ".join(details))
 
 
-def _purchase(i: Intent, r: Results, world: hx.World) -> Clause:
+def _purchase(i: Intent, r: Results, world: livestream.World) -> Clause:
     p = r.ok("get_price_promotion", product_id=i.product_id)
     if p is None:
         return _ack("the price")
@@ -279,7 +280,7 @@ def _purchase(i: Intent, r: Results, world: hx.World) -> Clause:
     )
 
 
-def _marketing(i: Intent, r: Results, world: hx.World) -> Clause:
+def _marketing(i: Intent, r: Results, world: livestream.World) -> Clause:
     if i.kind in ("coupon", "coupon_product"):
         c = r.answer("issue_coupon")
         if c is None:
@@ -333,7 +334,7 @@ _CHAT = {
 }
 
 
-def clause(i: Intent, r: Results, world: hx.World) -> Clause:
+def clause(i: Intent, r: Results, world: livestream.World) -> Clause:
     """The clause that answers intent `i` given the results seen so far."""
     if i.kind in _CHAT:
         return Clause(_CHAT[i.kind].format(host=world.room["host_name"]))

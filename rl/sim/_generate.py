@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from hat_jax import harness as hx
-from hat_jax import hsa
+from hat_jax import hsa, livestream
 from rl.sim import _intents
 from rl.sim._compose import Results, clause, compose, join, lead, sentences
 from rl.sim._sandbox import Sandbox
@@ -65,7 +65,7 @@ def _h(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:8], "big")
 
 
-def phrasings_path(world: hx.World) -> pathlib.Path:
+def phrasings_path(world: livestream.World) -> pathlib.Path:
     return pathlib.Path(world.root) / "scenarios" / "phrasings.yaml"
 
 
@@ -94,7 +94,7 @@ def load_phrasings(path: str | pathlib.Path) -> dict[str, Any]:
     return data
 
 
-def product_splits(world: hx.World) -> dict[str, str]:
+def product_splits(world: livestream.World) -> dict[str, str]:
     """product id -> split: per category, the two products with the smallest id hash go to
     test and dev, the rest to train."""
     out = {}
@@ -120,7 +120,7 @@ class _Instance:
 class _Builder:
     """Instantiates templates into scenarios for one world."""
 
-    def __init__(self, world: hx.World, data: Mapping[str, Any]):
+    def __init__(self, world: livestream.World, data: Mapping[str, Any]):
         self.world, self.data = world, data
         self.splits = product_splits(world)
         self.viewers = sorted(world.viewers)
@@ -415,7 +415,7 @@ def _merge(intents, parts, *, multi: bool) -> tuple[Gold, frozenset[str], frozen
 
 
 def generate_scenarios(
-    world: hx.World, *, phrasings: str | pathlib.Path | None = None
+    world: livestream.World, *, phrasings: str | pathlib.Path | None = None
 ) -> ScenarioSet:
     """Every scenario the templates give for `world`, deterministically (same files, same set)."""
     data = load_phrasings(phrasings or phrasings_path(world))
@@ -433,4 +433,4 @@ def generate_scenarios(
 @functools.cache
 def default_scenarios() -> ScenarioSet:
     """The scenarios of the bundled world (generated once per process)."""
-    return generate_scenarios(hx.load_world(hx.default_world_dir()))
+    return generate_scenarios(livestream.load_world(livestream.default_world_dir()))

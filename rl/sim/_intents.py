@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hat_jax import harness as hx
+from hat_jax import livestream
 from rl.sim._scenario import Claim, Fact, GoldCall, Intent
 
 SOLD_OUT = r"sold out|out of stock"
@@ -39,7 +39,7 @@ NO_COUPON = (
 class Where:
     """The context an intent is judged in."""
 
-    world: hx.World
+    world: livestream.World
     screen: str
     viewer_id: str
 
@@ -80,7 +80,7 @@ def _needs_search(pid: str, where: Where) -> bool:
     return pid != where.screen and pid not in where.lineup
 
 
-def _search_terms(world: hx.World, pid: str) -> tuple[str, ...]:
+def _search_terms(world: livestream.World, pid: str) -> tuple[str, ...]:
     p = world.products[pid]
     return tuple(dict.fromkeys([p["name"].split()[0], *p["aliases"]]))
 

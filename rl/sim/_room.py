@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hat_jax import harness as hx
-from hat_jax import hsa
+from hat_jax import hsa, livestream
 from rl.sim._generate import default_scenarios
 from rl.sim._sandbox import FaultConfig, InjectedFault, Sandbox
 from rl.sim._scenario import FAMILIES, SPLITS, Scenario, ScenarioSet
@@ -129,7 +129,7 @@ class LiveRoom:
         self,
         config: SimConfig | None = None,
         *,
-        world: hx.World | None = None,
+        world: livestream.World | None = None,
         harness: hx.Harness | None = None,
         scenarios: ScenarioSet | None = None,
         rewarder=None,
@@ -137,7 +137,7 @@ class LiveRoom:
         from rl.rewards import Rewarder
 
         self.config = config or SimConfig()
-        self.world = world or hx.load_world(hx.default_world_dir())
+        self.world = world or livestream.load_world(livestream.default_world_dir())
         self.harness = harness or hx.load(self.world.root)
         self.scenarios = (scenarios if scenarios is not None else default_scenarios()).split(
             self.config.split

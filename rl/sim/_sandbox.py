@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 
 FAULT_KINDS = ("timeout", "malformed", "denied")
 MALFORMED_KINDS = ("nan", "deep", "not_json")
@@ -103,14 +104,14 @@ class Sandbox:
         faults.
     """
 
-    def __init__(self, world: hx.World, *, faults: FaultConfig | None = None, seed: int = 0):
+    def __init__(self, world: livestream.World, *, faults: FaultConfig | None = None, seed: int = 0):
         self.world, self.faults = world, faults or FaultConfig()
         self.rng = random.Random(seed)
         self.injected: list[InjectedFault] = []
         self._calls = 0
         self._failed: set[str] = set()
-        base: dict[str, Callable[[dict[str, Any]], Any]] = dict(hx.builtin_toolbox(world))
-        base.update(hx.MarketingService(world).executors())  # a fresh ledger per episode
+        base: dict[str, Callable[[dict[str, Any]], Any]] = dict(livestream.builtin_toolbox(world))
+        base.update(livestream.MarketingService(world).executors())  # a fresh ledger per episode
         # In-memory lookups run on the loop's own thread; real timeouts must run on a worker
         # so the loop's per-call deadline can cut them off.
         inline = () if self.faults.real_timeouts else tuple(base)

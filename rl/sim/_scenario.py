@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from hat_jax import files, hsa
+from hat_jax import files, hsa, livestream
 from hat_jax import harness as hx
 
 FAMILIES = (
@@ -276,7 +276,7 @@ class Scenario:
     def mode(self) -> str:
         return "multi" if len(self.comments) > 1 else "single"
 
-    def request(self, world: hx.World) -> hx.Request:
+    def request(self, world: livestream.World) -> hx.Request:
         """The `Request` the agent loop answers, with this scenario's room context."""
         return world.make_request(
             self.comments,

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hat_jax import harness as hx
-from hat_jax import hsa
+from hat_jax import hsa, livestream
 from rl.sim._compose import Clause, Results, clause, compose
 from rl.sim._scenario import GoldCall, Scenario
 
@@ -91,7 +91,7 @@ class ScriptedTeacher:
         self,
         scenario: Scenario,
         state: hx.HarnessState,
-        world: hx.World,
+        world: livestream.World,
         *,
         inject: str | None = None,
     ):

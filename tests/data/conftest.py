@@ -14,6 +14,7 @@ import pytest
 import data
 from data.tokenizer import load_tokenizer
 from hat_jax import harness as hx
+from hat_jax import livestream
 from tests.data._helpers import COMMENTS, record_of, run
 
 
@@ -24,17 +25,17 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def live_world():
-    return hx.load_world(hx.default_world_dir())
+    return livestream.load_world(livestream.default_world_dir())
 
 
 @pytest.fixture(scope="session")
 def base_state():
-    return hx.HarnessState(harness=hx.load(hx.default_world_dir()))
+    return hx.HarnessState(harness=hx.load(livestream.default_world_dir()))
 
 
 @pytest.fixture(scope="session")
 def toolbox(live_world):
-    return hx.builtin_toolbox(live_world)
+    return livestream.builtin_toolbox(live_world)
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +43,7 @@ def rule_records(base_state, live_world, toolbox):
     """Corpus records of rule-based-policy runs over varied comments (agent rows ~4.5K tokens)."""
     out = []
     for i, text in enumerate(COMMENTS):
-        policy = hx.RuleBasedPolicy(base_state, live_world)
+        policy = livestream.RuleBasedPolicy(base_state, live_world)
         traj = run(base_state, live_world, toolbox, policy, text, f"v{1000 + i}", f"r{i}")
         try:
             out.append(record_of(traj, base_state, f"rule-{i}"))

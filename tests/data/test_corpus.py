@@ -12,7 +12,7 @@ import pytest
 
 import data
 from hat_jax import harness as hx
-from hat_jax import llm_client
+from hat_jax import livestream, llm_client
 from tests.data._helpers import REPO
 
 SMALL = dict(num_scenarios=8, states_per_scenario=3, fault_rate=0.15, retry_fraction=0.5, seed=3)
@@ -32,7 +32,7 @@ def corpus(tmp_path_factory):
 
 def test_records_pass_the_filter_and_states_follow_the_plan(corpus):
     out, manifest, records = corpus
-    base = hx.load(hx.default_world_dir()).version
+    base = hx.load(livestream.default_world_dir()).version
     total = manifest["stats"]["total"]
     assert total["episodes"] == 24 and total["kept"] == len(records) == manifest["records"]
     assert total["kept"] + total.get("filtered", 0) == 24
@@ -96,13 +96,13 @@ def test_files_statistics_and_shards(corpus):
     }
     md = (out / "train.stats.md").read_text()
     assert "## Per family" in md and "## Per HSA dimension" in md and "| kept |" in md
-    assert manifest["harness"]["version"] == hx.load(hx.default_world_dir()).version
+    assert manifest["harness"]["version"] == hx.load(livestream.default_world_dir()).version
 
 
 def test_fixed_harness_ablation_uses_only_the_original(tmp_path):
     config = data.CorpusConfig(states="original", num_scenarios=4, states_per_scenario=1)
     data.write_corpus(config, tmp_path, num_shards=1)
-    base = hx.load(hx.default_world_dir()).version
+    base = hx.load(livestream.default_world_dir()).version
     records = _records(tmp_path)
     assert records and all(r["state"]["harness_version"] == base for r in records)
     assert all(r["trajectory"]["renames"] == {"tools": {}, "skills": {}} for r in records)

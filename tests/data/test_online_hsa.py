@@ -10,7 +10,7 @@ import pytest
 
 import data
 from hat_jax import harness as hx
-from hat_jax import hsa
+from hat_jax import hsa, livestream
 
 SEEDS = range(6)
 
@@ -34,7 +34,7 @@ def _fresh(record, seed, dims=hsa.ALL, strength=0.5):
     conv = data.Conversation(id=record["id"], messages=record["messages"], tools=record["tools"])
     renames = record["trajectory"]["renames"]
     preserve = hsa.Preserve(skills=data.loaded_skills(conv, renames))
-    base = hx.load(hx.default_world_dir())
+    base = hx.load(livestream.default_world_dir())
     new = hsa.augment(base, seed=seed, dims=dims, strength=strength, preserve=preserve)
     out = data.rerender(
         conv,

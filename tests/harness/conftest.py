@@ -6,12 +6,13 @@ import shutil
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from tests.harness._helpers import Spy
 
 
 @pytest.fixture(scope="session")
 def world_dir() -> pathlib.Path:
-    return hx.default_world_dir()
+    return livestream.default_world_dir()
 
 
 @pytest.fixture(scope="session")
@@ -20,8 +21,8 @@ def harness(world_dir) -> hx.Harness:
 
 
 @pytest.fixture(scope="session")
-def world(world_dir) -> hx.World:
-    return hx.load_world(world_dir)
+def world(world_dir) -> livestream.World:
+    return livestream.load_world(world_dir)
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def state(harness) -> hx.HarnessState:
 
 @pytest.fixture
 def tools(world) -> hx.Toolbox:
-    return hx.builtin_toolbox(world)
+    return livestream.builtin_toolbox(world)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from tests.harness._helpers import turn, with_hook
 
 C = hx.call
@@ -447,7 +448,7 @@ def test_unit_helpers():
         "Title bold code",
         ["markdown", "line breaks"],
     )
-    ev = hx.Evidence()
+    ev = livestream.Evidence()
     ev.add({"price": 199.0, "promotion": {"price": 149.0, "end": "2026-06-18T23:59:59+08:00"}})
-    assert hx.unsupported_claims("¥149 until 23:59, save ¥50 (25% off)", ev) == []
-    assert hx.unsupported_claims("¥148 until 11 pm", ev) == ["¥148", "the time 23:00"]
+    assert livestream.unsupported_claims("¥149 until 23:59, save ¥50 (25% off)", ev) == []
+    assert livestream.unsupported_claims("¥148 until 11 pm", ev) == ["¥148", "the time 23:00"]

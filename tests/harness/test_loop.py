@@ -8,6 +8,7 @@ import time
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from tests.harness._helpers import turn
 
 C = hx.call
@@ -297,7 +298,7 @@ def test_multi_comment_mode_answers_related_comments_together(state, world, tool
     ]
     (group,) = hx.group_comments(comments, topics=world.match_products)
     req = world.make_request(group, mode="multi")
-    traj = hx.run_agent(state, req, hx.RuleBasedPolicy(state, world), tools)
+    traj = hx.run_agent(state, req, livestream.RuleBasedPolicy(state, world), tools)
     assert "[1] @lily: how much is the serum?" in traj.messages[1]["content"]
     assert "[2] @annie: serum price please" in traj.messages[1]["content"]
     assert traj.spoken.startswith("@lily, @annie,") and "¥149" in traj.spoken
@@ -338,4 +339,4 @@ def test_inline_calls_still_obey_their_deadlines(state, tools, request_for):
     assert late.faults[-1].kind == "policy_timeout" and late.spoken != "Hi!"
     with pytest.raises(ValueError, match="inline names without an executor"):
         hx.Toolbox({}, inline=["x"])
-    assert hx.builtin_toolbox.__doc__ and all(tools.is_inline(n) for n in tools)
+    assert livestream.builtin_toolbox.__doc__ and all(tools.is_inline(n) for n in tools)

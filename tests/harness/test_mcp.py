@@ -11,6 +11,7 @@ import pytest
 from mcp.server.mcpserver import MCPServer
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from tests.harness._helpers import turn
 
 C = hx.call
@@ -28,12 +29,12 @@ def _exercise(toolset: hx.McpToolset, harness) -> None:
 
 
 def test_in_process_discovery_and_calls(harness, world):
-    with hx.McpToolset(hx.marketing_server(world)) as toolset:
+    with hx.McpToolset(livestream.marketing_server(world)) as toolset:
         _exercise(toolset, harness)
 
 
 def test_coupon_rules_are_enforced_by_the_service(world):
-    with hx.McpToolset(hx.marketing_server(world)) as mcp:
+    with hx.McpToolset(livestream.marketing_server(world)) as mcp:
         fan = mcp.call("issue_coupon", {"viewer_id": "v1001", "product_id": "BT-001"})
         assert fan["campaign_id"] == "CP-FAN-10"  # usable on a ¥149 item, for a follower
         nonfan = mcp.call("issue_coupon", {"viewer_id": "v1004", "product_id": "BT-001"})
@@ -54,12 +55,12 @@ def test_coupon_rules_are_enforced_by_the_service(world):
 
 
 def test_marketing_through_the_agent_loop(state, world, tools, request_for):
-    with hx.McpToolset(hx.marketing_server(world)) as mcp:
+    with hx.McpToolset(livestream.marketing_server(world)) as mcp:
         toolbox = tools.merged(hx.bind_mcp_tools(state, "marketing", mcp))
         traj = hx.run_agent(
             state,
             request_for("any coupon for the smart watch?", viewer="v1011"),
-            hx.RuleBasedPolicy(state, world),
+            livestream.RuleBasedPolicy(state, world),
             toolbox,
         )
     coupon = next(r for r in traj.tool_calls if r.canonical == "issue_coupon")
@@ -146,7 +147,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_stdio_subprocess(harness, world_dir):
-    with hx.McpToolset(hx.marketing_server_params(world_dir)) as toolset:
+    with hx.McpToolset(livestream.marketing_server_params(world_dir)) as toolset:
         _exercise(toolset, harness)
 
 
@@ -157,7 +158,7 @@ def test_streamable_http(harness, world_dir):
         [
             sys.executable,
             "-m",
-            "hat_jax.harness.serve_marketing",
+            "hat_jax.livestream.serve_marketing",
             "--world",
             str(world_dir),
             "--transport",

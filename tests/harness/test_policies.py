@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from hat_jax import harness as hx
-from hat_jax import llm_client
+from hat_jax import livestream, llm_client
 from tests.harness._helpers import turn
 
 C = hx.call
@@ -29,8 +29,8 @@ def test_scripted_policy(state):
 @pytest.fixture(scope="module")
 def all_tools(world, harness):
     """Built-in tools plus the marketing tools of an in-process MCP server."""
-    with hx.McpToolset(hx.marketing_server(world)) as mcp:
-        yield hx.builtin_toolbox(world).merged(hx.bind_mcp_tools(harness, "marketing", mcp))
+    with hx.McpToolset(livestream.marketing_server(world)) as mcp:
+        yield livestream.builtin_toolbox(world).merged(hx.bind_mcp_tools(harness, "marketing", mcp))
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_rule_policy_answers_from_tool_results(
     state, world, all_tools, request_for, viewer, text, expect
 ):
     traj = hx.run_agent(
-        state, request_for(text, viewer=viewer), hx.RuleBasedPolicy(state, world), all_tools
+        state, request_for(text, viewer=viewer), livestream.RuleBasedPolicy(state, world), all_tools
     )
     assert not traj.final.fallback, traj.faults
     assert not [e for e in traj.hook_events if e.outcome in ("retry", "block")], traj.hook_events
@@ -72,7 +72,7 @@ def test_rule_policy_private_details_stay_private(state, world, tools, request_f
     traj = hx.run_agent(
         state,
         request_for("where is my order DD2606150034"),
-        hx.RuleBasedPolicy(state, world),
+        livestream.RuleBasedPolicy(state, world),
         tools,
     )
     assert "SF1460099812" in traj.final.private and "SF1460099812" not in traj.spoken
@@ -89,7 +89,7 @@ def test_rule_policy_obeys_a_tighter_length_limit(state, world, tools, request_f
     traj = hx.run_agent(
         tight,
         request_for("is size M of the wide leg trousers in stock and how fast is shipping?"),
-        hx.RuleBasedPolicy(tight, world),
+        livestream.RuleBasedPolicy(tight, world),
         tools,
     )
     assert len(traj.spoken) <= 120 and not traj.final.fallback

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from tests.harness._helpers import turn
 
 
@@ -88,8 +89,8 @@ def test_rule_policy_speaks_the_variant_names(state, world, tools, request_for):
         "product-qa", "item-answers"
     )
     req = request_for("is the serum in stock?")
-    base = hx.run_agent(state, req, hx.RuleBasedPolicy(state, world), tools)
-    renamed = hx.run_agent(variant, req, hx.RuleBasedPolicy(variant, world), tools)
+    base = hx.run_agent(state, req, livestream.RuleBasedPolicy(state, world), tools)
+    renamed = hx.run_agent(variant, req, livestream.RuleBasedPolicy(variant, world), tools)
     assert renamed.spoken == base.spoken and not renamed.final.fallback
     assert "item-answers" in renamed.loaded_skills
     assert [r.name for r in renamed.tool_calls if r.canonical == "check_inventory"] == [

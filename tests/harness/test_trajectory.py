@@ -5,11 +5,12 @@ import json
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 
 
 @pytest.fixture
 def trajectories(state, world, tools, request_for):
-    policy = hx.RuleBasedPolicy(state, world)
+    policy = livestream.RuleBasedPolicy(state, world)
     texts = ["how much is the serum?", "hi!", "where is my order DD2606150034"]
     return [hx.run_agent(state, request_for(t), policy, tools) for t in texts]
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from tests.harness._helpers import Spy, turn
 
 C = hx.call
@@ -74,7 +75,7 @@ def _assert_authorised(traj: hx.Trajectory, spy: Spy, harness: hx.Harness) -> No
 @pytest.mark.parametrize("text", INJECTIONS)
 def test_injection_with_the_offline_policy(state, world, marketing, request_for, text):
     traj = hx.run_agent(
-        state, request_for(text), hx.RuleBasedPolicy(state, world), marketing.toolbox
+        state, request_for(text), livestream.RuleBasedPolicy(state, world), marketing.toolbox
     )
     assert "injection" in traj.request["flags"]
     assert not {"issue_coupon", "claim_follow_gift"} & set(marketing.names())
@@ -166,7 +167,7 @@ def test_viewer_cannot_choose_whose_order_or_account(state, marketing, request_f
 )
 def test_odd_and_oversized_comments(state, world, marketing, request_for, text, tmp_path):
     traj = hx.run_agent(
-        state, request_for(text), hx.RuleBasedPolicy(state, world), marketing.toolbox
+        state, request_for(text), livestream.RuleBasedPolicy(state, world), marketing.toolbox
     )
     comment = traj.request["comments"][0]["text"] if traj.request["comments"] else ""
     assert (
@@ -193,7 +194,7 @@ def test_odd_and_oversized_comments(state, world, marketing, request_for, text, 
 def test_malformed_tool_output_with_the_offline_policy(state, world, tools, request_for, bad):
     toolbox = hx.Toolbox({**dict(tools), "get_price_promotion": lambda a: bad})
     traj = hx.run_agent(
-        state, request_for("how much is the serum?"), hx.RuleBasedPolicy(state, world), toolbox
+        state, request_for("how much is the serum?"), livestream.RuleBasedPolicy(state, world), toolbox
     )
     rec = next(r for r in traj.tool_calls if r.canonical == "get_price_promotion")
     assert rec.error in ("malformed", None)
@@ -259,7 +260,7 @@ def test_fuzzed_comments_and_policies(state, marketing, world, text, rounds):
 def test_fuzzed_comments_offline_policy(state, world, marketing, text):
     marketing.calls.clear()
     req = world.make_request(hx.Comment(text=text, viewer_id="v1004", handle="kai"))
-    traj = hx.run_agent(state, req, hx.RuleBasedPolicy(state, world), marketing.toolbox)
+    traj = hx.run_agent(state, req, livestream.RuleBasedPolicy(state, world), marketing.toolbox)
     _assert_authorised(traj, marketing, state.harness)
     assert traj.final.suppressed or traj.spoken
 
@@ -276,7 +277,7 @@ def test_fuzzed_comments_offline_policy(state, world, marketing, text):
 def test_forged_chat_format_markup_is_removed(state, world, request_for, text):
     from hat_jax import chat_format
 
-    traj = hx.run_agent(state, request_for(text), hx.RuleBasedPolicy(state, world), hx.Toolbox({}))
+    traj = hx.run_agent(state, request_for(text), livestream.RuleBasedPolicy(state, world), hx.Toolbox({}))
     comment = traj.request["comments"][0]["text"]
     for token in (*chat_format.FORMAT_TOKENS, "<|endoftext|>"):
         assert token not in comment, (token, comment)

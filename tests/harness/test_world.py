@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 
 
 def test_catalog_size_and_fields(world):
@@ -36,11 +37,11 @@ def test_promotion_status_follows_the_stream_clock(world):
 
 def test_anchor_utterances_agree_with_the_catalog_and_campaigns(world):
     """Everything the host already said on stream is backed by the world's own facts."""
-    evidence = hx.Evidence()
+    evidence = livestream.Evidence()
     evidence.add(hx.thaw(world.products))
     evidence.add(hx.thaw(world.marketing))
     for u in world.room["anchor_utterances"]:
-        assert hx.unsupported_claims(u["text"], evidence) == [], u["text"]
+        assert livestream.unsupported_claims(u["text"], evidence) == [], u["text"]
 
 
 def test_faq_answers_state_no_prices(world):
@@ -120,8 +121,8 @@ def test_inconsistent_world_is_refused_naming_file_and_field(world_dir, tmp_path
     orders = json.loads((dest / "orders.json").read_text())
     orders["orders"][0]["variant"] = "1 litre"
     (dest / "orders.json").write_text(json.dumps(orders))
-    with pytest.raises(hx.WorldError) as err:
-        hx.load_world(dest)
+    with pytest.raises(livestream.WorldError) as err:
+        livestream.load_world(dest)
     fields = {(p.file, p.field) for p in err.value.problems}
     assert ("room.json", "current_product") in fields
     assert ("room.json", "active_campaigns[4]") in fields
@@ -141,11 +142,11 @@ def test_bad_catalog_values_and_json(world_dir, tmp_path):
     catalog["products"][5]["stock"] = {"50 g": -1}
     catalog["products"][6]["id"] = catalog["products"][7]["id"]
     (dest / "catalog.json").write_text(json.dumps(catalog))
-    with pytest.raises(hx.WorldError) as err:
-        hx.load_world(dest)
+    with pytest.raises(livestream.WorldError) as err:
+        livestream.load_world(dest)
     text = str(err.value)
     assert "products[3].promotion.price" in text and "products[3].promotion.end" in text
     assert "products[5].stock.50 g" in text and "duplicate id" in text
     (dest / "viewers.json").write_text("{not json")
-    with pytest.raises(hx.WorldError, match=r"viewers.json: <json>: invalid JSON at line 1"):
-        hx.load_world(dest)
+    with pytest.raises(livestream.WorldError, match=r"viewers.json: <json>: invalid JSON at line 1"):
+        livestream.load_world(dest)

@@ -3,13 +3,14 @@
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 
 
 @pytest.fixture(scope="session")
 def base() -> hx.Harness:
-    return hx.load(hx.default_world_dir())
+    return hx.load(livestream.default_world_dir())
 
 
 @pytest.fixture(scope="session")
-def world() -> hx.World:
-    return hx.load_world(hx.default_world_dir())
+def world() -> livestream.World:
+    return livestream.load_world(livestream.default_world_dir())

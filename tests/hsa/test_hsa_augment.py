@@ -5,13 +5,13 @@ import dataclasses
 
 import pytest
 
-from hat_jax import chat_format, hsa
+from hat_jax import chat_format, hsa, livestream
 from hat_jax import harness as hx
 
 DIMS = list(hsa.Dim)
 
 
-def rendered(state: hx.HarnessState, world: hx.World, text: str = "how much is the serum?") -> str:
+def rendered(state: hx.HarnessState, world: livestream.World, text: str = "how much is the serum?") -> str:
     """The first prompt the policy sees: system turn (with tool schemas) and the user turn."""
     request = world.make_request(hx.Comment(text=text, viewer_id="v1001", handle="lily"))
     messages = [
@@ -266,7 +266,7 @@ def test_same_seed_same_state_in_another_process(base):
 
     code = (
         "from hat_jax import harness as hx, hsa\n"
-        "b = hx.load(hx.default_world_dir())\n"
+        "b = hx.load(livestream.default_world_dir())\n"
         "print(','.join(hsa.augment(b, seed=s, strength=1.0).harness.version for s in range(5)))"
     )
     outs = set()

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from hat_jax import harness as hx
-from hat_jax import hsa
+from hat_jax import hsa, livestream
 from rl import advantages, sim
 from rl.rewards import RewardConfig, Rewarder, clock_times, money, states, text_recall
 
 
 @pytest.fixture(scope="module")
 def env():
-    world, base = hx.load_world(hx.default_world_dir()), hx.load(hx.default_world_dir())
+    world, base = livestream.load_world(livestream.default_world_dir()), hx.load(livestream.default_world_dir())
     scenarios = sim.default_scenarios()
     room = sim.LiveRoom(world=world, harness=base, scenarios=scenarios)
     return world, base, scenarios, room

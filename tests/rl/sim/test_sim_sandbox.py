@@ -5,6 +5,7 @@ import contextlib
 import pytest
 
 from hat_jax import harness as hx
+from hat_jax import livestream
 from rl import sim
 
 
@@ -34,7 +35,7 @@ def test_marketing_sandbox_matches_the_mcp_service(world, base):
 
     sandbox = sim.Sandbox(world)
     mine = answers(outcome(lambda n, a: sandbox.tools[n](dict(a))))
-    with hx.McpToolset(hx.marketing_server(world)) as mcp:
+    with hx.McpToolset(livestream.marketing_server(world)) as mcp:
         theirs = answers(outcome(lambda n, a: mcp.call(n, a)))
     assert mine == theirs
     assert any(isinstance(x, dict) and x.get("issued") for x in mine)

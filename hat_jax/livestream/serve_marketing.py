@@ -1,14 +1,14 @@
 """Serve the bundled marketing tools over MCP (stdio by default, or streamable HTTP).
 
-    python -m hat_jax.harness.serve_marketing --world data/livestream
-    python -m hat_jax.harness.serve_marketing --world data/livestream --transport streamable-http --port 8765
+    python -m hat_jax.livestream.serve_marketing --world data/livestream
+    python -m hat_jax.livestream.serve_marketing --world data/livestream --transport streamable-http --port 8765
 
 A module of its own (not imported by the package) so `python -m` runs it exactly once.
 """
 
 import argparse
 
-from hat_jax.harness import marketing_server
+from hat_jax.livestream import marketing_server
 
 
 def main(argv: list[str] | None = None) -> None:

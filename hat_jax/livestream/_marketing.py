@@ -7,8 +7,8 @@ never chooses coupon amounts: the server picks the best campaign the viewer is e
 
 Run it standalone (stdio by default, or streamable HTTP):
 
-    python -m hat_jax.harness.serve_marketing --world data/livestream
-    python -m hat_jax.harness.serve_marketing --world data/livestream --transport streamable-http --port 8765
+    python -m hat_jax.livestream.serve_marketing --world data/livestream
+    python -m hat_jax.livestream.serve_marketing --world data/livestream --transport streamable-http --port 8765
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from hat_jax.harness._errors import ToolError as HarnessToolError
-from hat_jax.harness._world import World, load_world
+from hat_jax.harness import ToolError as HarnessToolError
+from hat_jax.livestream._world import World, load_world
 
 _VIEWER = Annotated[
     str,
@@ -195,7 +195,7 @@ def marketing_server_params(world_dir: str | pathlib.Path) -> StdioServerParamet
         command=sys.executable,
         args=[
             "-m",
-            "hat_jax.harness.serve_marketing",
+            "hat_jax.livestream.serve_marketing",
             "--world",
             str(pathlib.Path(world_dir).resolve()),
         ],

@@ -10,80 +10,31 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
 import json
 import pathlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from hat_jax.harness._errors import ToolError
-from hat_jax.harness._frozen import FrozenDict, freeze, thaw
-from hat_jax.harness._loader import HarnessError, Problem
-from hat_jax.harness._request import Comment, Request, RequestContext
+from hat_jax.harness import (
+    Comment,
+    FrozenDict,
+    HarnessError,
+    Problem,
+    Request,
+    RequestContext,
+    ToolError,
+    freeze,
+    rank_faq,
+    thaw,
+    tokens,
+)
 
 _PRODUCT_ID = re.compile(r"^[A-Z]{2}-\d{3}$")
-_TOKEN = re.compile(r"[a-z0-9]+|[\u4e00-\u9fff]")
-_STOP = frozenset(
-    [
-        "a",
-        "an",
-        "the",
-        "is",
-        "are",
-        "do",
-        "does",
-        "it",
-        "its",
-        "this",
-        "that",
-        "i",
-        "me",
-        "my",
-        "you",
-        "your",
-        "we",
-        "our",
-        "to",
-        "of",
-        "for",
-        "in",
-        "on",
-        "with",
-        "and",
-        "or",
-        "can",
-        "could",
-        "will",
-        "would",
-        "how",
-        "what",
-        "which",
-        "when",
-        "where",
-        "who",
-        "there",
-        "be",
-        "have",
-        "has",
-        "any",
-        "please",
-    ]  # noqa: SIM905 - a word list reads better as one string
-)
 
 
 class WorldError(HarnessError):
     """The world files are inconsistent; `.problems` names each file and field."""
-
-
-@functools.lru_cache(maxsize=4096)
-def _tokens(text: str) -> tuple[str, ...]:
-    return tuple(t for t in _TOKEN.findall(text.lower()) if t not in _STOP)
-
-
-def tokens(text: str) -> list[str]:
-    """Lower-cased word tokens (CJK characters one by one), stop words removed."""
-    return list(_tokens(text))
 
 
 def parse_time(value: str) -> dt.datetime:
@@ -334,17 +285,6 @@ class World:
         return Request(request_id=request_id, comments=comments, mode=mode, context=ctx)
 
 
-def rank_faq(query: str, pool: Iterable[Mapping[str, Any]], limit: int) -> list[Mapping[str, Any]]:
-    """FAQ entries by token overlap with the query (question weighted over answer)."""
-    q = set(tokens(query))
-    scored = []
-    for i, f in enumerate(pool):
-        score = 2 * len(q.intersection(_tokens(f["q"]))) + len(q.intersection(_tokens(f["a"])))
-        if score:
-            scored.append((-score, i, f))
-    return [f for _, _, f in sorted(scored, key=lambda x: x[:2])[:limit]]
-
-
 def _read_json(root: pathlib.Path, name: str, problems: list[Problem]) -> Any:
     try:
         return json.loads((root / name).read_text(encoding="utf-8"))
@@ -366,7 +306,7 @@ def load_world(directory: str | pathlib.Path) -> World:
     Raises:
       WorldError: every inconsistency, naming file and field.
     """
-    from hat_jax.harness._world_check import check_world
+    from hat_jax.livestream._world_check import check_world
 
     root = pathlib.Path(directory)
     problems: list[Problem] = []

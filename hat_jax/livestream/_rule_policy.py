@@ -14,12 +14,18 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hat_jax.harness._checks import sentences
-from hat_jax.harness._policy import AssistantTurn, ToolCall
-from hat_jax.harness._prompt import clock, money
-from hat_jax.harness._spec import LOAD_SKILL, REPLY_PRIVATE, REPLY_PUBLIC
-from hat_jax.harness._state import HarnessState
-from hat_jax.harness._world import World
+from hat_jax.harness import (
+    LOAD_SKILL,
+    REPLY_PRIVATE,
+    REPLY_PUBLIC,
+    AssistantTurn,
+    HarnessState,
+    ToolCall,
+    clock,
+    money,
+    sentences,
+)
+from hat_jax.livestream._world import World
 
 _INTENTS = {
     "human": r"are you (?:a )?(?:real|human|person|robot|bot|an? ai)\b|real person",

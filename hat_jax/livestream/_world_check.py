@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from hat_jax.harness._loader import Problem
+from hat_jax.harness import Problem
 
 _PRODUCT_ID = re.compile(r"^[A-Z]{2}-\d{3}$")
 

@@ -1,0 +1,135 @@
+"""The vocabulary of hook checks: their subjects, the context they read, their verdicts, and
+`CheckLibrary`, the named set a module of checks builds.
+
+Subjects per point: `input` -> `Request`; `before_tool` -> `CallSubject` (and the
+`AssistantTurn` for `well_formed_output`); `after_tool` -> `ResultSubject`; `before_reply` and
+`end_of_turn` -> `ReplyCandidate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hat_jax.harness._policy import ToolCall
+from hat_jax.harness._request import Request
+from hat_jax.harness._spec import HookRule, ToolSpec
+from hat_jax.harness._state import HarnessState
+
+
+class _Safe(dict):
+    """`str.format_map` mapping that leaves unknown `{placeholders}` as they are."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSubject:
+    call: ToolCall
+    canonical: str | None
+    spec: ToolSpec | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultSubject:
+    call: ToolCall
+    canonical: str
+    result: Any
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplyCandidate:
+    """A reply the policy wants to give: channel public, private or none (no_reply)."""
+
+    channel: str
+    text: str
+    call_id: str | None = None
+
+
+@dataclasses.dataclass
+class HookContext:
+    """What hooks may read about the run so far.
+
+    `facts` is what the request legitimately knows, in arrival order: the values of the request
+    context the prompt showed (product, FAQ pool, room), then every successful tool result.
+    Viewer comments and earlier replies are not facts. `memo` is scratch space for checks that
+    derive something from the facts once per run (keys are the check library's own).
+    """
+
+    state: HarnessState
+    request: Request
+    facts: list[Any] = dataclasses.field(default_factory=list)
+    loaded_skills: list[str] = dataclasses.field(default_factory=list)
+    performed: set[str] = dataclasses.field(default_factory=set)
+    pending: set[str] = dataclasses.field(default_factory=set)
+    memo: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A violation: `detail` for logs and messages, `fields` for the message template, `fix` a
+    corrected subject (used when the hook's action is `modify` or `flag`)."""
+
+    detail: str
+    fields: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    fix: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class HookImpl:
+    point: str
+    actions: tuple[str, ...]
+    fn: Callable[[HookContext, HookRule, Any], Verdict | None]
+    check_params: Callable[[Mapping[str, Any]], list[str]] | None = None
+    subject: str = "default"  # "turn" for hooks that inspect a whole AssistantTurn
+
+
+class CheckLibrary(Mapping[str, HookImpl]):
+    """A named, read-only set of hook checks: hook name -> `HookImpl`.
+
+    A module that provides checks builds one library and adds its functions with the `check`
+    decorator; nothing outside the module is modified. The runtime's own checks are
+    `hat_jax.harness.RUNTIME_CHECKS`; a Harness names further libraries (modules exposing a
+    `CHECKS` library) in hooks.yaml's `libraries`, e.g. the live room's commerce checks.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._impls: dict[str, HookImpl] = {}
+
+    def check(
+        self,
+        name: str,
+        point: str,
+        actions: tuple[str, ...],
+        check_params: Callable[[Mapping[str, Any]], list[str]] | None = None,
+        subject: str = "default",
+    ):
+        """Decorator: adds a check under `name`, run at `point`, supporting `actions`.
+
+        `check_params(params) -> [problems]` validates the hook's parameters at load time;
+        `subject="turn"` marks checks that inspect a whole `AssistantTurn`.
+        """
+
+        def add(fn):
+            if name in self._impls:
+                raise ValueError(f"check {name!r} defined twice in library {self.name!r}")
+            self._impls[name] = HookImpl(point, actions, fn, check_params, subject)
+            return fn
+
+        return add
+
+    def __getitem__(self, name: str) -> HookImpl:
+        return self._impls[name]
+
+    def __iter__(self):
+        return iter(self._impls)
+
+    def __len__(self) -> int:
+        return len(self._impls)
+
+    def __repr__(self) -> str:
+        return f"CheckLibrary({self.name!r}, {sorted(self._impls)})"

@@ -1,0 +1,43 @@
+"""The live-commerce domain the Harness runtime (`hat_jax.harness`) runs: the world (catalog,
+live room, orders, viewers, marketing), its built-in retrieval and commerce tools, the marketing
+service and its MCP server, the offline rule-based policy, and the commerce checks Harness v0
+names in hooks.yaml (`hat_jax.livestream.checks`).
+
+    from hat_jax import harness as hx, livestream
+    world = livestream.load_world(livestream.default_world_dir())
+    tools = livestream.builtin_toolbox(world)
+    with hx.McpToolset(livestream.marketing_server(world)) as mcp:
+        ...
+"""
+
+import pathlib
+
+from hat_jax.livestream._factcheck import Evidence, unsupported_claims
+from hat_jax.livestream._marketing import (
+    MarketingService,
+    marketing_server,
+    marketing_server_params,
+)
+from hat_jax.livestream._rule_policy import RuleBasedPolicy
+from hat_jax.livestream._tools import builtin_toolbox
+from hat_jax.livestream._world import World, WorldError, load_world
+
+
+def default_world_dir() -> pathlib.Path:
+    """The bundled world (`data/livestream/`, with Harness v0 in its `harness/` folder)."""
+    return pathlib.Path(__file__).resolve().parents[2] / "data" / "livestream"
+
+
+__all__ = [
+    "Evidence",
+    "MarketingService",
+    "RuleBasedPolicy",
+    "World",
+    "WorldError",
+    "builtin_toolbox",
+    "default_world_dir",
+    "load_world",
+    "marketing_server",
+    "marketing_server_params",
+    "unsupported_claims",
+]
