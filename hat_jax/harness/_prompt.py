@@ -124,7 +124,7 @@ def _dynamic_items(block: PromptBlock, state: HarnessState, request: Request) ->
     if block.source == "product":
         if not ctx.product:
             return ["(no product on screen)"]
-        return list(_per_context(ctx, "_product_items", lambda: _product_items(ctx.product, sym)))
+        return list(_per_context(ctx, "product", lambda: _product_items(ctx.product, sym)))
     if block.source == "faqs":
         query = " ".join(c.text for c in request.comments)
         hits = rank_faq(query, ctx.faq_pool, prompt.constraint("faq_top_k"))
@@ -132,7 +132,7 @@ def _dynamic_items(block: PromptBlock, state: HarnessState, request: Request) ->
     if block.source == "room":
         if not ctx.room:
             return ["(no live-room state)"]
-        return list(_per_context(ctx, "_room_items", lambda: _room_items(ctx.room)))
+        return list(_per_context(ctx, "room", lambda: _room_items(ctx.room)))
     if block.source == "history":
         n = prompt.constraint("history_turns")
         turns = ctx.history[-n:] if n else ()
@@ -143,13 +143,11 @@ def _dynamic_items(block: PromptBlock, state: HarnessState, request: Request) ->
     return []
 
 
-def _per_context(ctx, key: str, make):
-    """Caches a rendering on the (immutable) request context: one context serves many runs."""
-    value = ctx.__dict__.get(key)
-    if value is None:
-        value = tuple(make())
-        object.__setattr__(ctx, key, value)
-    return value
+def _per_context(ctx, key: str, make) -> tuple[str, ...]:
+    """A rendering of the (immutable) request context, made once per context."""
+    if key not in ctx.renderings:
+        ctx.renderings[key] = tuple(make())
+    return ctx.renderings[key]
 
 
 @functools.lru_cache(maxsize=256)

@@ -8,6 +8,7 @@ when the same viewer writes again within the window, or when they mention the sa
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -57,11 +58,18 @@ class RequestContext:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data, computed once per context and shared: treat it as read-only."""
-        data = self.__dict__.get("_data")
-        if data is None:
-            data = {k: thaw(getattr(self, k)) for k in ("room", "product", "faq_pool", "history")}
-            object.__setattr__(self, "_data", data)
-        return data
+        return self._plain
+
+    @functools.cached_property
+    def _plain(self) -> dict[str, Any]:
+        return {k: thaw(getattr(self, k)) for k in ("room", "product", "faq_pool", "history")}
+
+    @functools.cached_property
+    def renderings(self) -> dict[str, tuple[str, ...]]:
+        """Memo of prompt text derived from this (immutable) context, by block: one context
+        serves many runs (a group of rollouts, a Harness variant per run), so the prompt
+        pipeline renders its product and room blocks once. Filled by the pipeline only."""
+        return {}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

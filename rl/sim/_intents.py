@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hat_jax import harness as hx
 from hat_jax import livestream
 from rl.sim._scenario import Claim, Fact, GoldCall, Intent
 
@@ -67,11 +68,8 @@ def fact(intent: Intent, n: int, kind: str, value: Any, **kw) -> Fact:
 
 
 def amount(x: float) -> str:
-    return f"{x:g}"
-
-
-def clock(iso: str) -> str:
-    return iso[11:16]
+    """An amount as the prompt pipeline writes it, without the currency symbol (`149`)."""
+    return hx.money(x, symbol="")
 
 
 # ------------------------------------------------------------------------------ product access
@@ -135,9 +133,9 @@ def promo_window(i: Intent, w: Where) -> IntentGold:
     info = w.world.price_info(i.product_id)
     status = (info.get("promotion") or {}).get("status")
     if status == "active":
-        g.facts.append(fact(i, 1, "time", clock(info["promotion"]["end"])))
+        g.facts.append(fact(i, 1, "time", hx.clock(info["promotion"]["end"], with_date=False)))
     elif status == "upcoming":
-        g.facts.append(fact(i, 1, "time", clock(info["promotion"]["start"])))
+        g.facts.append(fact(i, 1, "time", hx.clock(info["promotion"]["start"], with_date=False)))
     else:
         g.facts += [fact(i, 1, "money", amount(info["current_price"])), fact(i, 2, "any", NO_DEAL)]
     return g
@@ -375,7 +373,10 @@ def lottery(i: Intent, w: Where) -> IntentGold:
     g = _marketing()
     g.calls.append(GoldCall(tool="get_lottery_status", free=("lottery_id",)))
     lot = w.world.lottery()
-    g.facts += [fact(i, 1, "text", lot["prize"]), fact(i, 2, "time", clock(lot["draw_time"]))]
+    g.facts += [
+        fact(i, 1, "text", lot["prize"]),
+        fact(i, 2, "time", hx.clock(lot["draw_time"], with_date=False)),
+    ]
     return g
 
 
