@@ -8,11 +8,13 @@ scores the same tokens, exact reverse KL; held-out KL and instruction pass rates
 before/after), `opd_driver`, `opd_loss`, `OPDSource`, `StudentSampler`. CLI:
 `python -m launch.opd`.
 
-MTP draft-head adaptation (`rl._mtp_stage`, `rl._mtp_rollouts`): `run_mtp(MTPConfig(...),
+MTP draft-head adaptation (`rl.mtp`, where every MTP piece is listed): `run_mtp(MTPConfig(...),
 model_config=, run_dir=, prompts=, eval_prompts=, init_policy=, init_head=) -> MTPResult`
 (policy frozen, head trained on the policy's own rollouts; before/after loss, acceptance and
 simulated acceptance length), `mtp_stage_loss`, `Drafter`, `RolloutConfig`, `RolloutPool`,
-`generate_rollouts`, `prompts_from_rows` (agent prompts from training rows), `MTP_RANDOM` (explicit random initialisation). CLI: `python -m launch.mtp`.
+`generate_rollouts`, `prompts_from_rows` (agent prompts from training rows), `MTP_RANDOM`
+(explicit random initialisation), and the head's math `mtp_targets`, `mtp_loss`,
+`acceptance_probability`, `acceptance_length`. CLI: `python -m launch.mtp`.
 
 HSA-RL (`rl._rl_stage`, `_rl_source`, `_rl_loss`, `_rollout`): `run_rl(RLConfig(...),
 model_config=, run_dir=, tokenizer=, init_policy=) -> RLResult` (lockstep-batched group
@@ -23,11 +25,8 @@ Local policy: `JaxPolicy(model, tokenizer)` is a `hat_jax.harness.PolicyModel` s
 `models.Qwen` with `models.Sampler` (`generate`, and `generate_batch` for group rollouts).
 """
 
-from rl import advantages, distill, losses, rewards, sim
+from rl import advantages, distill, losses, mtp, rewards, sim
 from rl._jax_policy import JaxPolicy
-from rl._mtp_rollouts import RolloutConfig, RolloutPool, generate_rollouts, prompts_from_rows
-from rl._mtp_stage import RANDOM as MTP_RANDOM
-from rl._mtp_stage import Drafter, MTPConfig, MTPResult, mtp_stage_loss, run_mtp
 from rl._opd_loss import ESTIMATORS as OPD_ESTIMATORS
 from rl._opd_loss import opd_loss
 from rl._opd_sampling import OPDSource, StudentSampler
@@ -50,10 +49,6 @@ from rl.advantages import (
     zero_advantage_filter,
 )
 from rl.distill import (
-    acceptance_length,
-    acceptance_probability,
-    mtp_loss,
-    mtp_targets,
     opd_token_advantages,
     reverse_kl,
     sampled_reverse_kl_loss,
@@ -67,6 +62,22 @@ from rl.losses import (
     kl_penalty,
     ppo_clip_loss,
     sequence_log_ratio,
+)
+from rl.mtp import RANDOM as MTP_RANDOM
+from rl.mtp import (
+    Drafter,
+    MTPConfig,
+    MTPResult,
+    RolloutConfig,
+    RolloutPool,
+    acceptance_length,
+    acceptance_probability,
+    generate_rollouts,
+    mtp_loss,
+    mtp_stage_loss,
+    mtp_targets,
+    prompts_from_rows,
+    run_mtp,
 )
 from rl.rewards import Rewarder, RewardVector
 from rl.sim import LiveRoom, Scenario, ScriptedTeacher, SimConfig
@@ -93,12 +104,8 @@ __all__ = [
     "losses",
     "ppo_clip_loss",
     "sequence_log_ratio",
-    # distillation and MTP
-    "acceptance_length",
-    "acceptance_probability",
+    # distillation (General OPD)
     "distill",
-    "mtp_loss",
-    "mtp_targets",
     "opd_token_advantages",
     "reverse_kl",
     "sampled_reverse_kl_loss",
@@ -128,15 +135,20 @@ __all__ = [
     "rollout_rows",
     "run_rl",
     "segment_advantages",
-    # MTP draft-head adaptation stage
+    # MTP draft-head adaptation stage and its math
     "MTP_RANDOM",
     "Drafter",
     "MTPConfig",
     "MTPResult",
     "RolloutConfig",
     "RolloutPool",
+    "acceptance_length",
+    "acceptance_probability",
     "generate_rollouts",
+    "mtp",
+    "mtp_loss",
     "mtp_stage_loss",
+    "mtp_targets",
     "prompts_from_rows",
     "run_mtp",
     # local policy

@@ -27,6 +27,8 @@ log-probs on padding cannot leak NaN into values or gradients; log-ratios are cl
 large, loss instead of inf. Past the clamp the ratio is constant and its gradient 0.
 
 Only array math lives here; advantages come from `rl.advantages`, models from `models`.
+`check_mask` and `logits_pair` are the input checks of the distillation and draft-head losses
+(`rl.distill`, `rl.mtp`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,25 @@ def _check_pair(name_a, a, name_b, b):
         raise ValueError(
             f"{name_a} and {name_b} must have the same shape, got {a.shape} and {b.shape}"
         )
+
+
+def check_mask(mask, shape) -> jax.Array:
+    """`mask` as f32, checked to have `shape` (the per-position losses' shape)."""
+    mask = jnp.asarray(mask, jnp.float32)
+    if mask.shape != tuple(shape):
+        raise ValueError(f"mask must have shape {tuple(shape)}, got {mask.shape}")
+    return mask
+
+
+def logits_pair(a, b) -> tuple[jax.Array, jax.Array]:
+    """Two logit arrays over the same vocabulary, upcast to f32 and checked to share a shape."""
+    a = jnp.asarray(a, jnp.float32)
+    b = jnp.asarray(b, jnp.float32)
+    if a.shape != b.shape:
+        raise ValueError(
+            f"logits must share a shape (same vocabulary), got {a.shape} and {b.shape}"
+        )
+    return a, b
 
 
 def _check_token_inputs(logp, old_logp, mask):

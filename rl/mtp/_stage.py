@@ -2,10 +2,10 @@
 
 The policy is frozen; a draft head grafted onto it (from a base checkpoint, a previous run, or
 a random initialisation when asked for) is trained with the multi-token cross-entropy
-(`rl.distill.mtp_loss`: the head at position t predicts token t + 2) on rollouts of the policy
-itself (`rl._mtp_rollouts`). Held-out rollouts give the before/after figures: the loss, the
+(`rl.mtp.mtp_loss`: the head at position t predicts token t + 2) on rollouts of the policy
+itself (`rl.mtp._rollouts`). Held-out rollouts give the before/after figures: the loss, the
 per-token acceptance α = Σ_v min(p, q) of speculative sampling and the simulated acceptance
-length with k drafts (`rl.distill.acceptance_probability` / `acceptance_length`), at the
+length with k drafts (`rl.mtp.acceptance_probability` / `acceptance_length`), at the
 rollout temperature and greedily.
 
 It runs on `hat_jax.train`'s stage driver: two models, the policy frozen (read from its
@@ -45,10 +45,10 @@ from hat_jax.train import (
     StageDriver,
     TrainerConfig,
 )
-from rl import _mtp_rollouts as ro
 from rl import _summary
 from rl._summary import jsonable
-from rl.distill import acceptance_length, acceptance_probability, mtp_loss, mtp_targets
+from rl.mtp import _rollouts as ro
+from rl.mtp._loss import acceptance_length, acceptance_probability, mtp_loss, mtp_targets
 
 _log = logging.getLogger(__name__)
 
