@@ -41,7 +41,7 @@ def path_str(path: tuple) -> str:
     return "/".join(str(p) for p in path)
 
 
-def abstract_model(config: QwenConfig) -> nnx.Module:
+def abstract_qwen(config: QwenConfig) -> nnx.Module:
     """The model's structure with `jax.ShapeDtypeStruct` leaves: nothing allocated."""
     return nnx.eval_shape(lambda: Qwen(config, rngs=nnx.Rngs(0)))
 
@@ -112,7 +112,7 @@ def load_hf(
         compute_dtype: the config's `dtype` (defaults to `dtype`).
         shardings: where to place each parameter: a state of `jax.sharding.Sharding`s with the
             structure of the model's parameter state (e.g. `hat_jax.sharding.state_shardings`
-            of `abstract_model(config)`); each parameter goes straight to its shards.
+            of `abstract_qwen(config)`); each parameter goes straight to its shards.
         **runtime: other runtime fields of `QwenConfig` (moe_dispatch, remat, ...).
 
     Returns:
@@ -137,7 +137,7 @@ def load_hf(
     def build(name, shape, np_dtype):
         return _assemble(config, name, shape, np_dtype, tensors, prefix, plan)
 
-    return config, _fill(abstract_model(config), build, param_dtype, shardings, "load_hf")
+    return config, _fill(abstract_qwen(config), build, param_dtype, shardings, "load_hf")
 
 
 def load_mtp(
@@ -256,6 +256,6 @@ def load_checkpoint(
     config = config_from_checkpoint(
         read_model_config(path), param_dtype=name, dtype=name, **runtime
     )
-    graphdef, abstract_state = nnx.split(abstract_model(config))
+    graphdef, abstract_state = nnx.split(abstract_qwen(config))
     state, _ = restore_params(path, target=abstract_state)
     return config, nnx.merge(graphdef, state)

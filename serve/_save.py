@@ -31,8 +31,8 @@ from models import MTPHead, Qwen, QwenConfig, check_mtp_config
 from serve import _hf_files, _hf_map
 from serve._hf_read import INDEX_FILE, TEXT_PREFIX, VL_PREFIX
 from serve._load import (
-    abstract_model,
     abstract_mtp,
+    abstract_qwen,
     config_from_checkpoint,
     dtype_name,
     path_str,
@@ -238,7 +238,7 @@ def to_hf(
     run's `checkpoints/`) as an HF directory; `mtp`: a head checkpoint to export with it.
     `save`: `save_hf`'s keyword arguments (tokenizer_dir, dtype, layout, expert_layout)."""
     config = config_from_checkpoint(read_model_config(checkpoint))
-    graphdef, abstract_state = nnx.split(abstract_model(config))
+    graphdef, abstract_state = nnx.split(abstract_qwen(config))
     state, _ = restore_params(checkpoint, target=abstract_state)
     head = restore_mtp(mtp, config) if mtp else None
     return save_hf(nnx.merge(graphdef, state), config, out_dir, mtp=head, **save)

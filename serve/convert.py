@@ -49,8 +49,8 @@ from hat_jax.checkpoint import read_model_config, save_params
 from models import MTPHead
 from serve._hf_read import INDEX_FILE, HFCheckpointError, has_mtp, read_hf_tensors
 from serve._load import (
-    abstract_model,
     abstract_mtp,
+    abstract_qwen,
     config_from_checkpoint,
     is_hf_dir,
     load_checkpoint,
@@ -64,8 +64,8 @@ __all__ = [
     "INDEX_FILE",
     "MTP_DIR",
     "HFCheckpointError",
-    "abstract_model",
     "abstract_mtp",
+    "abstract_qwen",
     "has_mtp",
     "is_hf_dir",
     "load_checkpoint",

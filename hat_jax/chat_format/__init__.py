@@ -25,7 +25,7 @@ and tools are OpenAI function schemas `{"type": "function", "function": {"name",
 """
 
 from hat_jax.chat_format._format import FORMAT_TOKENS, generation_prompt
-from hat_jax.chat_format._parse import ParsedTurn, ToolCall, parse
+from hat_jax.chat_format._parse import ParsedToolCall, ParsedTurn, parse
 from hat_jax.chat_format._render import render, render_completion
 from hat_jax.chat_format._template import CHAT_TEMPLATE, chat_template_path
 from hat_jax.chat_format._tokens import RenderedTokens, render_tokens
@@ -33,9 +33,9 @@ from hat_jax.chat_format._tokens import RenderedTokens, render_tokens
 __all__ = [
     "CHAT_TEMPLATE",
     "FORMAT_TOKENS",
+    "ParsedToolCall",
     "ParsedTurn",
     "RenderedTokens",
-    "ToolCall",
     "chat_template_path",
     "generation_prompt",
     "parse",

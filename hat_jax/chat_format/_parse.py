@@ -45,7 +45,7 @@ _TYPE_ORDER = ("null", "boolean", "integer", "number", "object", "array", "strin
 
 
 @dataclasses.dataclass(frozen=True)
-class ToolCall:
+class ParsedToolCall:
     """One parsed tool call: the function name and its decoded arguments."""
 
     name: str
@@ -74,7 +74,7 @@ class ParsedTurn:
 
     reasoning: str
     content: str
-    tool_calls: list[ToolCall]
+    tool_calls: list[ParsedToolCall]
     errors: list[str]
     warnings: list[str] = dataclasses.field(default_factory=list)
 
@@ -175,13 +175,13 @@ def _extract_calls(
     *,
     in_think: bool = False,
     may_be_cut: bool = False,
-) -> tuple[list[ToolCall], str]:
+) -> tuple[list[ParsedToolCall], str]:
     """Pulls every tool call out of `text`; returns the calls and the remaining text.
 
     With `may_be_cut` (the output has no end-of-turn token), a call still open at the end of
     the text may have been cut off by the token limit and is dropped unless `</function>` came.
     """
-    calls: list[ToolCall] = []
+    calls: list[ParsedToolCall] = []
     kept: list[str] = []
     pos = 0
     while (start := _CALL_START.search(text, pos)) is not None:
@@ -228,7 +228,7 @@ def _block(
 
 def _parse_call(
     body: str, closed: bool, cut: bool, schemas: dict[str, dict[str, Any]], report: _Report
-) -> ToolCall | None:
+) -> ParsedToolCall | None:
     if body.strip().startswith("{"):
         return _parse_json_call(body, report)
     tag = _FUNCTION_TAG.search(body)
@@ -260,7 +260,7 @@ def _parse_call(
             if not ok
         )
         report.warnings.append(f"call to {name!r} missing {missing}; closed")
-    return ToolCall(name, arguments)
+    return ParsedToolCall(name, arguments)
 
 
 def _parse_parameters(
@@ -292,7 +292,7 @@ def _parse_parameters(
     return arguments
 
 
-def _parse_json_call(body: str, report: _Report) -> ToolCall | None:
+def _parse_json_call(body: str, report: _Report) -> ParsedToolCall | None:
     """Accepts the Qwen3 JSON form `{"name": ..., "arguments": {...}}`."""
     try:
         obj = json.loads(body)
@@ -309,7 +309,7 @@ def _parse_json_call(body: str, report: _Report) -> ToolCall | None:
         report.errors.append(f"JSON tool call lacks a name or object arguments: {_clip(body)!r}")
         return None
     report.warnings.append(f"call to {obj['name']!r} in JSON form instead of XML; accepted")
-    return ToolCall(obj["name"], args)
+    return ParsedToolCall(obj["name"], args)
 
 
 def _parameter_schemas(tools: Any) -> dict[str, dict[str, Any]]:

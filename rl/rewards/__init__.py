@@ -24,7 +24,13 @@ from rl.rewards._judge import (
     write_report,
 )
 from rl.rewards._rules import ACK, ENV_FAULTS, RewardConfig, Rewarder, RewardVector
-from rl.rewards._segments import Segments, approx_tokens, batch_segments, segment_kind, segments
+from rl.rewards._segments import (
+    EpisodeSegments,
+    approx_tokens,
+    batch_segments,
+    segment_kind,
+    segments,
+)
 
 __all__ = [
     "ACK",
@@ -32,6 +38,7 @@ __all__ = [
     "JudgeUnavailable",
     "JudgedRewarder",
     "ENV_FAULTS",
+    "EpisodeSegments",
     "PROMPTS",
     "JudgeEndpoint",
     "JudgePanel",
@@ -40,7 +47,6 @@ __all__ = [
     "RewardConfig",
     "RewardVector",
     "Rewarder",
-    "Segments",
     "agreement_report",
     "approx_tokens",
     "batch_segments",

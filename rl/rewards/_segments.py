@@ -35,8 +35,10 @@ def approx_tokens(text: str) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Segments:
-    """One episode's segments.
+class EpisodeSegments:
+    """One episode's tool-call and reply segments (its model rounds), rewards broadcast.
+
+    Not the packing segments of token rows (`segment_ids` of a training batch).
 
     Attributes:
       rewards: f32[S, 4] the episode's rewards in `REWARD_DIMS` order, per segment.
@@ -69,7 +71,7 @@ def segments(
     rewards: RewardVector,
     *,
     count_tokens: Callable[[str], int] = approx_tokens,
-) -> Segments:
+) -> EpisodeSegments:
     """The segments of one episode (rounds whose policy call failed are skipped)."""
     renames = hx.RenameMap.from_dict(trajectory.renames)
     vector = rewards.as_array()
@@ -79,7 +81,7 @@ def segments(
         if c.output is not None
     ]
     n = len(rows)
-    return Segments(
+    return EpisodeSegments(
         rewards=np.tile(vector, (n, 1)).astype(np.float32),
         kinds=np.asarray([r[0] for r in rows], np.int32).reshape(n),
         cot_lengths=np.asarray([r[1] for r in rows], np.float32).reshape(n),
@@ -88,7 +90,7 @@ def segments(
 
 
 def batch_segments(
-    episodes: Sequence[Segments], group_ids: Sequence[int]
+    episodes: Sequence[EpisodeSegments], group_ids: Sequence[int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Concatenates episodes into `(rewards f32[N,4], kinds i32[N], group_ids i32[N],
     cot_lengths f32[N])`, each episode's segments carrying its rollout group id."""

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hat_jax.chat_format import ParsedTurn, ToolCall, parse, render_completion
+from hat_jax.chat_format import ParsedToolCall, ParsedTurn, parse, render_completion
 from tests.chat_format.chat_format_cases import JSON_VALUE, TOOLS, call
 
 TAGS = (
@@ -169,7 +169,7 @@ def test_without_schemas_scalars_stay_strings_and_json_containers_decode():
     }
     parsed = parse(render_completion(message))
     assert parsed.tool_calls == [
-        ToolCall(
+        ParsedToolCall(
             "f", {"n": "3", "ok": "true", "ids": [1, 2], "opts": {"a": None}, "s": "[not json"}
         )
     ]
@@ -232,7 +232,7 @@ def test_unclosed_think_without_calls_is_unfinished_reasoning():
 def test_unclosed_think_ends_at_the_first_tool_call():
     parsed = parse("I need stock\n" + CLOSED, TOOLS)
     assert parsed.reasoning == "I need stock"
-    assert parsed.tool_calls == [ToolCall("check_inventory", {"product_id": "p1"})]
+    assert parsed.tool_calls == [ParsedToolCall("check_inventory", {"product_id": "p1"})]
     assert not parsed.errors and "missing </think>" in parsed.warnings[0]
 
 
@@ -302,12 +302,12 @@ def test_bare_function_and_json_call_forms_are_accepted():
     bare = parse(
         "r</think><function=public_reply>\n<parameter=text>\nhi\n</parameter>\n</function>"
     )
-    assert bare.tool_calls == [ToolCall("public_reply", {"text": "hi"})]
+    assert bare.tool_calls == [ParsedToolCall("public_reply", {"text": "hi"})]
     assert bare.warnings == ["<function=...> without an enclosing <tool_call>; accepted"]
     qwen3 = parse('r</think><tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
-    assert qwen3.tool_calls == [ToolCall("f", {"x": 1})] and not qwen3.errors
+    assert qwen3.tool_calls == [ParsedToolCall("f", {"x": 1})] and not qwen3.errors
     as_string = parse('r</think><tool_call>{"name": "f", "arguments": "{\\"x\\": 2}"}</tool_call>')
-    assert as_string.tool_calls == [ToolCall("f", {"x": 2})]
+    assert as_string.tool_calls == [ParsedToolCall("f", {"x": 2})]
 
 
 @pytest.mark.parametrize(
@@ -389,7 +389,7 @@ def test_values_that_fit_no_declared_type_are_errors(kind, value):
     tools = [{"function": {"name": "f", "parameters": {"properties": {"p": {"type": kind}}}}}]
     text = f"r</think><tool_call>\n<function=f>\n<parameter=p>\n{value}\n</parameter>\n</function>\n</tool_call>"
     parsed = parse(text, tools)
-    assert parsed.tool_calls == [ToolCall("f", {"p": value})]  # kept as text for the hook
+    assert parsed.tool_calls == [ParsedToolCall("f", {"p": value})]  # kept as text for the hook
     assert parsed.errors == [f"parameter f.p: expected {kind}, got {value!r}"]
 
 
@@ -408,13 +408,13 @@ def test_duplicate_and_empty_parameters():
         "<parameter=a>\n2\n</parameter>\n<parameter= >\nx\n</parameter>\n</function>\n</tool_call>"
     )
     parsed = parse(text)
-    assert parsed.tool_calls == [ToolCall("f", {"a": "2"})]
+    assert parsed.tool_calls == [ParsedToolCall("f", {"a": "2"})]
     assert "parameter 'a' of 'f' given twice; last kept" in parsed.warnings
     assert parsed.errors == ["parameter with an empty name in the call to 'f'; ignored"]
 
 
 def test_to_message_assigns_call_ids():
-    parsed = ParsedTurn("r", "c", [ToolCall("f", {"x": 1}), ToolCall("g", {})], [])
+    parsed = ParsedTurn("r", "c", [ParsedToolCall("f", {"x": 1}), ParsedToolCall("g", {})], [])
     message = parsed.to_message(["call_abc"])
     assert message == {
         "role": "assistant",

@@ -16,7 +16,7 @@ from flax import nnx
 
 from hat_jax.sharding import MeshConfig, make_mesh, state_shardings
 from serve import HFCheckpointError, load_hf, read_hf_tensors, save_hf
-from serve.convert import abstract_model
+from serve.convert import abstract_qwen
 from serve.convert import main as convert_main
 from tests.models.qwen_fixtures import (
     build,
@@ -111,7 +111,7 @@ def test_load_straight_into_a_sharded_layout(sources):
     _, src = sources["qwen3_5_fused"]
     config, plain = load_hf(src, dtype="float32")
     mesh = make_mesh(MeshConfig(fsdp=2, expert=2, tensor=2))
-    shardings = state_shardings(nnx.state(abstract_model(config), nnx.Param), mesh)
+    shardings = state_shardings(nnx.state(abstract_qwen(config), nnx.Param), mesh)
     _, sharded = load_hf(src, dtype="float32", shardings=shardings)
     experts = sharded.blocks.layers[0].moe.gate_up_proj.get_value()
     assert experts.sharding.spec[1] == ("expert", "fsdp") and len(experts.sharding.device_set) == 8
