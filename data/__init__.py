@@ -20,8 +20,9 @@ Public API:
         prompt_hash, check_disjoint, read_prompt_records, CONSTRAINT_TYPES,
         DEMO_INSTRUCTIONS
     The Grain pipelines (`data.pipeline`):
-        PipelineConfig, OnlineHSAConfig, BATCH_KEYS, sft_data, build_sft_dataset,
+        PipelineConfig, OnlineHSAConfig, sft_data, build_sft_dataset,
         make_augmenter, HsaAugmenter, opd_prompt_data, DataIterator, pad_id
+    The keys of every batch (`hat_jax.batch`, shared with the trainer): BATCH_KEYS
     Data shards (`data._shards`; the global batch does not depend on the process count):
         resolve_shards, owned_shards, DEFAULT_SHARDS
     The demo tokenizer: `data.tokenizer.load_tokenizer` (module `data.tokenizer`).
@@ -61,7 +62,6 @@ from data._rerender import RerenderError, loaded_skills, pin_constraints, rerend
 from data._shards import DEFAULT_SHARDS, owned_shards, resolve_shards
 from data._sources import JsonlSource, open_source
 from data.pipeline import (
-    BATCH_KEYS,
     HsaAugmenter,
     OnlineHSAConfig,
     PipelineConfig,
@@ -71,6 +71,7 @@ from data.pipeline import (
     pad_id,
     sft_data,
 )
+from hat_jax.batch import BATCH_KEYS
 
 __all__ = [
     "HsaAugmenter",

@@ -51,8 +51,6 @@ from data._prompts import PreparePrompt
 from data._shards import owned_shards, resolve_shards, shard_of, shard_seed
 from data._sources import open_source
 
-BATCH_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OnlineHSAConfig:

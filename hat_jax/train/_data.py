@@ -32,7 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-BATCH_KEYS = ("input_ids", "loss_mask", "segment_ids", "positions")
+from hat_jax.batch import BATCH_KEYS
 
 
 @runtime_checkable

@@ -66,7 +66,6 @@ def test_batches_follow_the_training_contract(chat_file, tokenizer):
     it = _iterator(chat_file, tokenizer)
     rows = _rows_of(chat_file, tokenizer)
     pad = data.pad_id(tokenizer)
-    assert data.BATCH_KEYS == train.BATCH_KEYS
     assert isinstance(it, train.DataSource)
     multi = 0
     for batch in _take(it, 12):
