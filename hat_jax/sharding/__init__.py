@@ -6,6 +6,16 @@ training parameters, one for training activations, one for sampling); sharded in
 and batch placement; `local_map`, shard-local computation named by logical axes (the MoE
 dispatch); multi-process start-up, and host rows across processes (`all_process_rows`,
 `process_rows`, `to_host`: what on-policy sampling in a job of several processes needs).
+
+The sharding context. Model and loss code never receives a mesh: it names dimensions, and
+`constrain` / `local_map` (with `local_axes`, `local_spec`) resolve the names with
+`current_rules()` on `current_mesh()`. That context is thread-local and set only by
+`use_rules(rules, mesh)`, a `with` block: `hat_jax.train`'s compiled train and evaluation
+steps (`_step.py`) trace the loss inside `use_rules(ACTIVATION_RULES, step_mesh)`. Without
+it, the rules are `ACTIVATION_RULES` and the mesh is the one of `jax.set_mesh`, if any; with
+no mesh, `constrain` is a no-op and `local_map` calls its function directly. Its readers: the
+losses' `constrain` calls (`hat_jax.train._losses`) and the shard-local MoE dispatch
+(`models._moe_sharded`, through `local_map` / `local_axes`).
 """
 
 from hat_jax.sharding._local import local_axes, local_map, local_spec
@@ -41,6 +51,7 @@ from hat_jax.sharding._rules import (
     Rules,
     UnknownAxisError,
     constrain,
+    current_mesh,
     current_rules,
     logical_to_spec,
     use_rules,
@@ -60,6 +71,7 @@ __all__ = [
     "batch_spec",
     "check_same_on_all_processes",
     "constrain",
+    "current_mesh",
     "current_rules",
     "data_parallel_size",
     "distributed_environment",

@@ -7,7 +7,7 @@ and sorts every token's assignments), with buffers that grow with the global bat
 shard with `local_map`, each device sorts only its own tokens and no data moves for it.
 
 Model code names dimensions logically (`"moe_tokens"`, `"embed"`, None, ...); `local_map`
-resolves the names with the active rule table and mesh (`use_rules`, or `jax.set_mesh`),
+resolves the names with `current_rules()` on `current_mesh()` (the sharding context),
 exactly like `constrain`, so mesh axis names stay in this package. Without a mesh, or when
 the names resolve to no mesh axis at all (e.g. `SAMPLING_RULES` keeps `moe_tokens`
 unsharded), it calls the function directly and GSPMD decides as before.
@@ -21,18 +21,9 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
-from hat_jax.sharding._rules import _CONTEXT, current_rules, logical_to_spec
+from hat_jax.sharding._rules import current_mesh, current_rules, logical_to_spec
 
 Names = Sequence[str | None]
-
-
-def _active_mesh() -> jax.sharding.Mesh | jax.sharding.AbstractMesh | None:
-    if _CONTEXT.mesh is not None:
-        return _CONTEXT.mesh
-    abstract = jax.sharding.get_abstract_mesh()
-    if abstract.empty or not abstract.shape:
-        return None
-    return abstract
 
 
 def local_map(
@@ -66,7 +57,7 @@ def local_map(
     tuple_out = bool(out_names) and not isinstance(out_names[0], str | None)
 
     def wrapped(*args):
-        mesh = _active_mesh()
+        mesh = current_mesh()
         if mesh is None:
             return fn(*args)
         if len(args) != len(in_names):
@@ -112,5 +103,5 @@ def local_axes(names: Names, shape: Sequence[int], dim: int = 0) -> tuple[str, .
 def local_spec(names: Names, shape: Sequence[int] | None = None) -> PartitionSpec | None:
     """The `PartitionSpec` `local_map` would use for `names` under the active rules and mesh,
     or None without a mesh (for tests and diagnostics)."""
-    mesh = _active_mesh()
+    mesh = current_mesh()
     return None if mesh is None else logical_to_spec(names, current_rules(), mesh, shape)

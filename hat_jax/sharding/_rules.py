@@ -184,14 +184,15 @@ class _Context(threading.local):
     mesh: jax.sharding.Mesh | None = None
 
 
-_CONTEXT = _Context()
+_CONTEXT = _Context()  # read and written only through the functions below
 
 
 @contextlib.contextmanager
 def use_rules(
     rules: Rules = ACTIVATION_RULES, mesh: jax.sharding.Mesh | None = None
 ) -> Iterator[None]:
-    """Sets the activation rules (and the mesh) that `constrain` uses inside this block.
+    """Sets the activation rules (and the mesh) that `constrain` and `local_map` use inside
+    this block, on this thread; the previous ones come back on exit.
 
     Usable while tracing: the compiled steps of `hat_jax.train` wrap their loss in it, so
     `constrain` calls in model and loss code pin activations on the step's mesh.
@@ -209,20 +210,28 @@ def current_rules() -> Rules:
     return _CONTEXT.rules if _CONTEXT.rules is not None else ACTIVATION_RULES
 
 
+def current_mesh() -> jax.sharding.Mesh | jax.sharding.AbstractMesh | None:
+    """The mesh activations are laid out on: the one set by `use_rules`, else the abstract
+    mesh of `jax.set_mesh`, else None (one device, or no mesh: nothing to constrain)."""
+    if _CONTEXT.mesh is not None:
+        return _CONTEXT.mesh
+    abstract = jax.sharding.get_abstract_mesh()
+    if abstract.empty or not abstract.shape:
+        return None
+    return abstract
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     """Constrains an activation's sharding by the logical names of its dimensions.
 
-    Uses the mesh of `use_rules`, else the one set by `jax.set_mesh`; a no-op without either,
-    so model code can call it unconditionally: on one device it costs nothing, under a mesh it
-    pins the layout XLA would otherwise have to guess (after gathers, reshapes, MoE dispatch).
+    Uses `current_rules()` on `current_mesh()`; a no-op without a mesh, so model code can call
+    it unconditionally: on one device it costs nothing, under a mesh it pins the layout XLA
+    would otherwise have to guess (after gathers, reshapes, MoE dispatch).
     """
-    mesh = _CONTEXT.mesh
+    mesh = current_mesh()
     if mesh is None:
-        abstract = jax.sharding.get_abstract_mesh()
-        if abstract.empty or not abstract.shape:
-            return x
-        return jax.lax.with_sharding_constraint(
-            x, logical_to_spec(names, current_rules(), abstract, x.shape)
-        )
+        return x
     spec = logical_to_spec(names, current_rules(), mesh, x.shape)
-    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+    if isinstance(mesh, jax.sharding.Mesh):
+        return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+    return jax.lax.with_sharding_constraint(x, spec)
