@@ -20,6 +20,7 @@ from hat_jax.livestream._marketing import (
 )
 from hat_jax.livestream._rule_policy import RuleBasedPolicy
 from hat_jax.livestream._tools import builtin_toolbox
+from hat_jax.livestream._wording import coupon_granted, order_details
 from hat_jax.livestream._world import World, WorldError, load_world
 
 
@@ -35,9 +36,11 @@ __all__ = [
     "World",
     "WorldError",
     "builtin_toolbox",
+    "coupon_granted",
     "default_world_dir",
     "load_world",
     "marketing_server",
     "marketing_server_params",
+    "order_details",
     "unsupported_claims",
 ]

@@ -25,6 +25,7 @@ from hat_jax.harness import (
     money,
     sentences,
 )
+from hat_jax.livestream._wording import coupon_granted, order_details
 from hat_jax.livestream._world import World
 
 _INTENTS = {
@@ -82,10 +83,7 @@ class RuleBasedPolicy:
             fmt.on_screen, {"product_id": r"[A-Z]{2}-\d{3}", "product_name": r".*?"}
         )
         rule = state.harness.hooks.rule("detect_injection")
-        patterns = rule.params.get("patterns", ()) if rule else ()
-        self._injection = (
-            re.compile("|".join(f"(?:{p})" for p in patterns), re.I) if patterns else None
-        )
+        self._injection = rule.params.get("patterns") if rule else None  # a lexicon
 
     # ------------------------------------------------------------------ reading the conversation
     def _comments(self, messages) -> tuple[list[dict[str, str]], str | None]:
@@ -155,7 +153,7 @@ class RuleBasedPolicy:
             text = c["text"]
             products = self.world.match_products(text) or ([screen] if screen else [])
             intents = self._intents(text)
-            if self._injection and self._injection.search(text):
+            if self._injection and find_all(self._injection, text):
                 intents = ["injection"] + [i for i in intents if i in _PRODUCT_INTENTS]
             for intent in intents or ["other"]:
                 items.append((intent, c["handle"], products[0] if products else None, text))
@@ -317,15 +315,7 @@ class RuleBasedPolicy:
         if intent == "coupon":
             c = r("issue_coupon")
             if ok(c):
-                minimum = (
-                    f" on orders of {money(c['min_spend'])} or more"
-                    if c["min_spend"]
-                    else " with no minimum spend"
-                )
-                return (
-                    f"you got a {money(c['discount'])} off coupon{minimum}, it applies automatically at checkout.",
-                    None,
-                )
+                return f"{coupon_granted(c)}, it applies automatically at checkout.", None
             return (
                 "no extra coupon is available for you right now, but the live-room price still applies.",
                 None,
@@ -358,13 +348,7 @@ class RuleBasedPolicy:
                 "I couldn't find that order under your account, please double-check the number.",
                 None,
             )
-        status = o["status"].replace("_", " ")
-        details = [f"Order {o['order_id']} ({o['product_name']}) is {status}."]
-        if o.get("tracking_no"):
-            details.append(f"Tracking: {o['carrier']} {o['tracking_no']}.")
-        if o.get("eta"):
-            details.append(f"Expected delivery: {o['eta']}.")
-        return "I've sent you a private message about your order.", " ".join(details)
+        return "I've sent you a private message about your order.", order_details(o)
 
 
 def _price_sentence(p: Mapping[str, Any]) -> str:

@@ -258,13 +258,9 @@ def _order(i: Intent, r: Results, world: livestream.World) -> Clause:
             f"I couldn't find order {i.detail['order_id']} under your account, please double-check the number",
             "I couldn't find that order, please double-check the number",
         )
-    status = o["status"].replace("_", " ")
-    details = [f"Order {o['order_id']} ({o['product_name']}) is {status}."]
-    if o.get("tracking_no"):
-        details.append(f"Tracking: {o['carrier']} {o['tracking_no']}.")
-    if o.get("eta"):
-        details.append(f"Expected delivery: {o['eta']}.")
-    return Clause("I've sent you a private message about your order", private=" ".join(details))
+    return Clause(
+        "I've sent you a private message about your order", private=livestream.order_details(o)
+    )
 
 
 def _purchase(i: Intent, r: Results, world: livestream.World) -> Clause:
@@ -287,15 +283,8 @@ def _marketing(i: Intent, r: Results, world: livestream.World) -> Clause:
             return Clause(
                 "I couldn't issue a coupon for you right now, but the live-room prices still apply"
             )
-        spend = (
-            f" on orders of {hx.money(c['min_spend'])} or more"
-            if c["min_spend"]
-            else " with no minimum spend"
-        )
-        return Clause(
-            f"you got a {hx.money(c['discount'])} off coupon{spend}, it applies automatically at checkout",
-            f"you got a {hx.money(c['discount'])} off coupon{spend}",
-        )
+        granted = livestream.coupon_granted(c)
+        return Clause(f"{granted}, it applies automatically at checkout", granted)
     if i.kind == "lottery":
         x = r.ok("get_lottery_status")
         if x is None:
