@@ -11,9 +11,10 @@ bounded agent loop and trajectory records (paper §2.2-2.3). The live-commerce d
     print(hx.run_agent(h, request, policy, livestream.builtin_toolbox(world)).spoken)
 """
 
-from hat_jax.harness._checks import RUNTIME_CHECKS, normalize_text, sentences, to_speech
+from hat_jax.harness._checks import RUNTIME_CHECKS, sentences, to_speech
 from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline
 from hat_jax.harness._errors import PolicyError, ToolDenied, ToolError, ToolTimeout
+from hat_jax.harness._guard import find_all, fold, lexicon_problems, normalize_text
 from hat_jax.harness._frozen import FrozenDict, content_hash, freeze, thaw
 from hat_jax.harness._hook_types import (
     CallSubject,
@@ -170,8 +171,11 @@ __all__ = [
     "checks_for",
     "clock",
     "content_hash",
+    "find_all",
+    "fold",
     "freeze",
     "group_comments",
+    "lexicon_problems",
     "load",
     "money",
     "normalize_text",

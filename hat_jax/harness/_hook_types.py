@@ -71,11 +71,13 @@ class HookContext:
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """A violation: `detail` for logs and messages, `fields` for the message template, `fix` a
-    corrected subject (used when the hook's action is `modify` or `flag`)."""
+    corrected subject (used when the hook's action is `modify` or `flag`), `flags` added to the
+    request when the fix is applied (e.g. a tool output that taints the request)."""
 
     detail: str
     fields: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     fix: Any = None
+    flags: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,6 +100,9 @@ class HookRunner:
                 continue
             if rule.action in ("modify", "flag") and verdict.fix is not None:
                 subject = verdict.fix
+                if verdict.flags:
+                    flags = tuple(dict.fromkeys((*ctx.request.flags, *verdict.flags)))
+                    ctx.request = dataclasses.replace(ctx.request, flags=flags)
                 events.append(
                     HookEvent(
                         round=round,

@@ -295,6 +295,7 @@ class _Run:
                 texts[cand.channel].append(res.subject.text.strip())
         public, private = " ".join(texts["public"]) or None, " ".join(texts["private"]) or None
         total, traj = time.perf_counter() - self.t0, self.traj
+        self.request = self.ctx.request  # with the flags hooks raised since the input hooks
         raw = traj.request["comments"]
         traj.request = self.request.to_dict()
         if raw != traj.request["comments"]:

@@ -22,6 +22,7 @@ from hat_jax.harness import (
     HarnessState,
     ToolCall,
     clock,
+    find_all,
     money,
     sentences,
 )

@@ -1,35 +1,65 @@
 """The live room's hook checks (`CHECKS`), named by Harness v0's hooks.yaml `libraries`.
 
 `factual_risk`: every figure a reply states (prices, counts, percentages, day and hour counts,
-clock times) must be backed by this request's facts, read as typed `Evidence` (see
-`_factcheck`). The evidence is built once per run from `HookContext.facts` and extended as tool
-results arrive.
+clock times), in English or Chinese, must be backed by this request's facts, read as typed
+`Evidence` (see `_factcheck`); so must every identifier it states (phone numbers, addresses,
+order and tracking numbers: `params.identifiers`), unless the requesting viewer wrote it, so
+no other viewer's personal data is spoken. `params.figures` extends the figure grammar. The
+evidence is built once per run from `HookContext.facts` and extended as tool results arrive.
 """
 
 from __future__ import annotations
 
-from hat_jax.harness import CheckLibrary, HookContext, ReplyCandidate, Verdict
-from hat_jax.livestream._factcheck import Evidence, unsupported_claims
+from collections.abc import Mapping
+from typing import Any
+
+from hat_jax.harness import (
+    CheckLibrary,
+    HookContext,
+    ReplyCandidate,
+    Verdict,
+    fold,
+    lexicon_problems,
+)
+from hat_jax.livestream._factcheck import (
+    Evidence,
+    figure_patterns,
+    figures_problems,
+    unsupported_claims,
+    unsupported_identifiers,
+)
 
 CHECKS = CheckLibrary("hat_jax.livestream.checks")
 
 
-def run_evidence(ctx: HookContext) -> Evidence:
+def run_evidence(ctx: HookContext, extra: Any = None) -> Evidence:
     """The typed evidence of the run so far (cached in `ctx.memo`, extended with new facts)."""
     evidence, seen = ctx.memo.get("livestream.evidence", (None, 0))
     if evidence is None:
-        evidence = Evidence()
+        evidence = Evidence(figure_patterns(extra))
     for value in ctx.facts[seen:]:
         evidence.add(value)
     ctx.memo["livestream.evidence"] = (evidence, len(ctx.facts))
     return evidence
 
 
-@CHECKS.check("factual_risk", "before_reply", ("retry", "block"))
+def _factual_problems(params: Mapping[str, Any]) -> list[str]:
+    out = []
+    if "figures" in params:
+        out += figures_problems(params["figures"], "params.figures")
+    if "identifiers" in params:
+        out += lexicon_problems(params["identifiers"], "params.identifiers")
+    return out
+
+
+@CHECKS.check("factual_risk", "before_reply", ("retry", "block"), _factual_problems)
 def _factual_risk(ctx: HookContext, rule, r: ReplyCandidate):
     if r.channel == "none":
         return None
-    bad = unsupported_claims(r.text, run_evidence(ctx))
+    evidence, text = run_evidence(ctx, rule.params.get("figures")), fold(r.text)
+    bad = unsupported_claims(text, evidence)
+    own = [c.text for c in ctx.request.comments if c.viewer_id == ctx.request.viewer_id]
+    bad += unsupported_identifiers(r.text, rule.params.get("identifiers"), evidence, own)
     if not bad:
         return None
     detail = ", ".join(bad[:5])

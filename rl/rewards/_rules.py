@@ -227,7 +227,7 @@ class Rewarder:
             if needed and ep.performed(needed):
                 continue
             for text in (ep.public, ep.private):
-                if text and _facts.any_match(claim["patterns"], text):
+                if text and hx.find_all(claim["patterns"], text):
                     why.append(f"the reply {claim['says']}")
                     break
         for claim in s.gold.claims:

@@ -222,9 +222,9 @@ def test_speech_format_rewrites_markdown(state, tools, request_for):
 
 
 def test_private_replies_keep_their_format(state, tools, request_for):
-    steps = [
+    steps = [  # the order number comes from a tool result: identifiers need evidence
+        turn(C("load_skill", name="after-sales"), C("get_order_status", order_id="DD2606150034")),
         turn(
-            C("load_skill", name="after-sales"),
             C("reply_private", text="Order:\nDD2606150034"),
             C("reply_public", text="I've sent you a private message."),
         )
