@@ -83,14 +83,14 @@ def rooms(hsa: bool = False) -> tuple[LiveRoom, LiveRoom]:
     return make("train"), make("dev")
 
 
-def stage_config(steps: int = 30, **trainer) -> rl.RLConfig:
+def stage_config(steps: int = 30, learning_rate: float = 1e-2, **trainer) -> rl.RLConfig:
     base = dict(total_steps=steps, batch_size=32, seq_len=768, log_every=1,
                 eval_every=max(steps // 2, 1), checkpoint_every=max(steps // 3, 1),
                 keep_checkpoints=4, progress=False, plots=False, async_checkpoints=False)  # fmt: skip
     return rl.RLConfig(
         trainer=train.TrainerConfig(**(base | trainer)),
         optimizer=train.OptimizerConfig(
-            learning_rate=1e-2,
+            learning_rate=learning_rate,
             warmup_steps=0,
             decay_steps=steps,
             min_learning_rate_ratio=1.0,
