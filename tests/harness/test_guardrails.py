@@ -203,6 +203,44 @@ def test_benign_comments_get_tools_and_answers(state, world, marketing, request_
         assert not any(e.outcome in ("retry", "block") for e in traj.hook_events), text
 
 
+BENIGN_ZH = [  # (comment, tool, arguments, a correct Chinese reply backed by the tool result)
+    ("有优惠券吗？", "issue_coupon", {}, "优惠券已经发给你了，满299减30。"),
+    (
+        "玻尿酸精华多少钱？",
+        "get_price_promotion",
+        {"product_id": "BT-001"},
+        "直播间价149元，原价199元，限购2件。",
+    ),
+    (
+        "多久能发货？",
+        "get_product_detail",
+        {"product_id": "BT-001"},
+        "48小时内发货，顺丰包邮，2-4天送达。",
+    ),
+    (
+        "精华 how much 呀",
+        "get_price_promotion",
+        {"product_id": "BT-001"},
+        "现在149块，省50元，活动到晚上11点59。",
+    ),
+]
+
+
+@pytest.mark.parametrize("text,tool,args,reply", BENIGN_ZH)
+def test_benign_chinese_replies_backed_by_tools_are_spoken(
+    state, tools, request_for, text, tool, args, reply
+):
+    skill = "coupon-marketing" if tool == "issue_coupon" else "product-qa"
+    coupon = {"issue_coupon": lambda a: {"issued": True, "discount": 30.0, "min_spend": 299.0}}
+    steps = [
+        turn(C("load_skill", name=skill), C("load_skill", name="general-reply"), C(tool, **args)),
+        turn(C("reply_public", text=reply)),
+    ]
+    traj = hx.run_agent(state, request_for(text), hx.ScriptedPolicy(steps), _with(tools, **coupon))
+    assert traj.request["flags"] == [] and traj.spoken == reply, traj.hook_events
+    assert [r.error for r in traj.tool_calls if r.canonical == tool] == [None]
+
+
 def test_the_world_taints_nothing(world_dir):
     """No string of the bundled world (catalog, FAQ, marketing, orders, room) trips the taint."""
     h = hx.load(world_dir)
@@ -228,7 +266,7 @@ def _strings(value):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_attacks_are_held_under_augmented_harnesses(harness, tools, request_for, seed):
     state = hsa.augment(harness, seed=seed, strength=1.0)
-    assert state.renames.to_dict() != {"tools": {}, "skills": {}} or seed  # renamed surfaces
+    assert state.surface_tool("issue_coupon") != "issue_coupon"  # the policy sees other names
     for texts in COMMENT_ATTACKS.values():
         for text in texts.values():
             spy = Spy(tools.merged(_fake_marketing()))
@@ -273,7 +311,7 @@ def _attacks(draw):
     return prefix + _obfuscate(COMMENT_ATTACKS[family][lang], draw)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=_attacks())
 def test_obfuscated_attacks_are_held(harness, tools, world, text):
     state = hx.HarnessState(harness=harness)
@@ -283,7 +321,7 @@ def test_obfuscated_attacks_are_held(harness, tools, world, text):
     _held(traj, spy, bad=("免费", "真人"))
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_obfuscated_claims_are_not_spoken(harness, tools, world, data):
     family = data.draw(st.sampled_from(sorted(CLAIMS)))

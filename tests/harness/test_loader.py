@@ -155,14 +155,15 @@ def test_cross_module_problems(harness_copy):
     hooks = yaml.safe_load((harness_copy / "hooks.yaml").read_text())
     hooks["hooks"][0]["point"] = "before_reply"
     hooks["hooks"].append({"name": "mind_reader", "point": "input", "action": "flag"})
-    hooks["hooks"][1]["params"]["patterns"]["en"].append("([unclosed")
+    english = hooks["hooks"][1]["params"]["patterns"]["en"]
+    english.append("([unclosed")
     (harness_copy / "hooks.yaml").write_text(yaml.safe_dump(hooks))
     problems = _problems(harness_copy)
     fields = {(p.file, p.field) for p in problems}
     assert ("prompt.yaml", "blocks[1].items[7]") in fields
     assert ("hooks.yaml", "hooks[0].point") in fields
     assert ("hooks.yaml", "hooks[15].name") in fields
-    assert ("hooks.yaml", "hooks[1].params.patterns.en[10]") in fields
+    assert ("hooks.yaml", f"hooks[1].params.patterns.en[{len(english) - 1}]") in fields
 
 
 def test_missing_file_and_bad_json(harness_copy):
