@@ -20,6 +20,10 @@ readiness, `server_info`, stop); CLI `python -m serve.sglang --model_path DIR [-
 The replay (`serve.replay`): `replay(cases, ctx, endpoint=, model=, run_dir=, config=)`,
 `ReplayConfig`, `load_cases`; CLI `python -m launch.replay`.
 
+The trajectory viewer and blind pairwise test (`serve.viewer`): `load_viewer`,
+`create_viewer_app`, `read_run`, `read_report`, `BlindSession`, `binomial_two_sided`; CLI
+`python -m launch.viewer`.
+
 Release gates (`serve.release`): `release(Candidate(...), registry=, gates=GateConfig())`,
 `current_release`; CLI `python -m launch.release`.
 
