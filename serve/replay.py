@@ -14,7 +14,8 @@ Per request (`requests.jsonl`, one line as each finishes, so a failed run keeps 
 measured): the episode's latency (request start to final reply), time to first token (the first
 non-empty streamed chunk of its first model call), completion tokens and decode tokens/s (over
 the time after each call's first chunk), model calls, success (a final reply and no failed
-model call) and the case's score. Per level (`summary.json`): latency P50/P95 (linear
+model call), the case's score and (`keep_trajectories`) the episode's trajectory, which the
+trajectory viewer shows. Per level (`summary.json`): latency P50/P95 (linear
 interpolation), TTFT P50/P95, mean decode tokens/s, the success rate, and the SLO attainment:
 successful requests within `slo_s` over all measured requests (failures count as misses).
 `manifest.json` binds the run: id, endpoint and route, model, the case set's name, version and
@@ -75,6 +76,8 @@ class ReplayConfig:
       abort_after: connection failures in a row that end the run.
       server_extensions: send SGLang's `chat_template_kwargs` / `separate_reasoning` (our
         server and SGLang read them; strict hosted APIs reject them).
+      keep_trajectories: write each episode's whole trajectory in its request record (the
+        trajectory viewer, `python -m launch.viewer`, shows it).
     """
 
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
@@ -87,6 +90,7 @@ class ReplayConfig:
     request_timeout_s: float = 120.0
     abort_after: int = 8
     server_extensions: bool = True
+    keep_trajectories: bool = True
 
     def __post_init__(self):
         if not self.concurrency or min(self.concurrency) < 1:
@@ -380,6 +384,8 @@ def _run_level(level, items, kind, ctx, client, model, config, log) -> list[dict
             error = f"{type(err).__name__}: {err}"[:300]
         record = _record(level, index, index < config.warmup, case, prepared, kind,
                          trajectory, policy, started, error)  # fmt: skip
+        if config.keep_trajectories and trajectory is not None:
+            record["trajectory"] = json.loads(trajectory.to_json())
         log.add(record)
         with lock:
             records.append(record)

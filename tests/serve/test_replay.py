@@ -73,6 +73,13 @@ def test_replay_measures_every_level_and_reproduces(tokenizer, ctx, cases, tmp_p
     records = [json.loads(x) for x in (tmp_path / "a" / rp.REQUESTS_FILE).read_text().splitlines()]
     assert len(records) == 2 * 5 and sum(r["warmup"] for r in records) == 2
     assert all(r["model_calls"] >= 1 and r["completion_tokens"] > 0 for r in records)
+    # Each record keeps its episode, which the trajectory viewer shows.
+    assert all(len(r["trajectory"]["model_calls"]) == r["model_calls"] for r in records)
+    from serve.viewer import read_run
+
+    shown = read_run(tmp_path / "a")
+    assert shown.kind == "replay" and not shown.problems and len(shown.entries) == 10
+    assert all(e.reply and e.trajectory for e in shown.entries)
     manifest = json.loads((tmp_path / "a" / rp.MANIFEST_FILE).read_text())
     assert manifest["cases"]["version"] == cases.version and manifest["cases"]["count"] == 3
     assert manifest["harness_version"] == ctx.harness.version
