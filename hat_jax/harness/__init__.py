@@ -14,8 +14,8 @@ bounded agent loop and trajectory records (paper §2.2-2.3). The live-commerce d
 from hat_jax.harness._checks import RUNTIME_CHECKS, sentences, to_speech
 from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline
 from hat_jax.harness._errors import PolicyError, ToolDenied, ToolError, ToolTimeout
-from hat_jax.harness._guard import find_all, fold, lexicon_problems, normalize_text
 from hat_jax.harness._frozen import FrozenDict, content_hash, freeze, thaw
+from hat_jax.harness._guard import find_all, fold, lexicon_problems, normalize_text
 from hat_jax.harness._hook_types import (
     CallSubject,
     CheckLibrary,
