@@ -52,8 +52,14 @@ def _split():
     from hat_jax import evolve
 
     sets_dir = FLAGS.sets_dir or str(pathlib.Path(FLAGS.evolve_dir) / "sets")
+    judge = None
+    if FLAGS.final_judge:
+        from rl.rewards import JudgePanel
+
+        judges, transport = _judges()
+        judge = JudgePanel(judges, transport=transport)
     return evolve.DevSplit(sets=tuple(FLAGS.sets), size=FLAGS.size, seed=FLAGS.seed,
-                           sets_dir=sets_dir)  # fmt: skip
+                           sets_dir=sets_dir, judge=judge)  # fmt: skip
 
 
 def _diagnosis_dir(version: str) -> pathlib.Path:
@@ -202,6 +208,11 @@ def _define_flags() -> None:
         "judge_endpoints",
         "scripted",
         "judge-*: 'scripted' (offline stand-in) or base_url|model,...",
+    )
+    flags.DEFINE_bool(
+        "final_judge",
+        False,
+        "diagnose/evaluate: --judge_endpoints label T1/T2 (their reasons in causes).",
     )
     flags.DEFINE_enum("policy", "teacher", ["teacher", "rules", "openai"], "The fixed policy.")
     flags.DEFINE_string("base_url", "http://localhost:30000/v1", "--policy openai: endpoint.")

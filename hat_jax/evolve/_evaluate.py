@@ -1,7 +1,7 @@
 """The loop's two measured steps: diagnose the current version, evaluate a proposal against it.
 
-Runs live in `<evolve_dir>/runs/<version>/<key>/` (`key`: the dev sets' versions and the
-policy), so a version is run once per dev split and policy and later steps reuse it. An
+Runs live in `<evolve_dir>/runs/<version>/<key>/` (`key`: the dev sets' versions, the
+policy and the judge), so a version is run once per dev split and policy and later steps reuse it. An
 evaluation writes `evaluation.json` and `evaluation.md` (per-category deltas with paired
 bootstrap intervals, every regressing category flagged even when the total improves) and adds an
 `evaluated` event to the history; the stopping rule reads the last one.
@@ -9,6 +9,7 @@ bootstrap intervals, every regressing category flagged even when the total impro
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 from collections.abc import Mapping
@@ -26,8 +27,10 @@ EVALUATIONS = "evaluations"
 
 def run_dir_for(evolve_dir, version: str, policy: hev.EvalPolicy, split: _runs.DevSplit):
     """Where `version` is run on `split` by `policy`."""
-    sets = _runs.dev_sets(split, _runs.reference_context(evolve_dir))
-    key = hx.content_hash([[s.version for s in sets], policy.description])[:12]
+    ref = _runs.reference_context(evolve_dir)
+    judge = dataclasses.replace(ref, judge=split.judge).describe_judge()
+    key = hx.content_hash([[s.version for s in _runs.dev_sets(split, ref)], policy.description,
+                           judge])[:12]  # fmt: skip
     return pathlib.Path(evolve_dir) / RUNS / version / key
 
 

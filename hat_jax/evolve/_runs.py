@@ -38,12 +38,16 @@ class DevSplit:
       size: items per set (the dev split holds a few hundred; small for a quick loop).
       seed: the sets' generator seed.
       sets_dir: where the sets are built once and reused.
+      judge: the Final Evaluation Judge (an `rl.rewards.JudgePanel`) whose labels replace the
+        rule scorer's Accuracy and Effectiveness on T1/T2 (None: the rules); its reasons then
+        name the causes of failures no Hook, tool or fault explains.
     """
 
     sets: tuple[str, ...] = DEV_SETS
     size: int = 60
     seed: int = 0
     sets_dir: str = "runs/evolve/sets"
+    judge: Any = None
 
     def __post_init__(self):
         unknown = sorted(set(self.sets) - set(hev.KINDS))
@@ -126,7 +130,7 @@ def run_version(
     """Runs `policy` under the stored `version` on the dev sets; returns the run's summary."""
     ref = reference_context(evolve_dir)
     harness = hx.load(reg.version_dir(evolve_dir, version))
-    ctx = dataclasses.replace(ref, harness=harness)
+    ctx = dataclasses.replace(ref, harness=harness, judge=split.judge)
     kinds = {k: _FixedRuler(v, ref.harness) for k, v in hev.KINDS.items()}
     return hev.evaluate(dev_sets(split, ref), policy, kinds=kinds, ctx=ctx, run_dir=run_dir,
                         record={"evolve_dir": str(evolve_dir), "version": version,

@@ -2,6 +2,7 @@
 diagnosed, the rule proposer's edit fixes the cluster, the evaluation shows the gain and flags
 regressing categories, decisions are recorded, rollback restores a version byte for byte."""
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -302,3 +303,19 @@ def test_the_model_proposer_edits_whole_files_inside_the_harness(tmp_path, origi
     assert [s["cause"] for s in result["skipped"]] == ["fault budget"]  # the escaping edit
     assert not (tmp_path / "outside.md").exists()
     assert evolve.current(e) != result["version"]
+
+
+def test_a_judged_dev_run_records_the_panel(refused, split, teacher, tmp_path):
+    from rl.rewards import JudgeEndpoint, JudgePanel
+
+    panel = JudgePanel([JudgeEndpoint(base_url="http://scripted/v1", model="scripted")],
+                       transport=httpx.MockTransport(evolve.ScriptedJudge()))  # fmt: skip
+    judged = dataclasses.replace(split, judge=panel)
+    report = evolve.diagnose(refused, teacher, judged, tmp_path / "diag")
+    assert report["eval_run_dir"] != str(evolve.run_dir_for(refused, report["harness_version"],
+                                                            teacher, split))  # fmt: skip
+    summary = json.loads((pathlib.Path(report["eval_run_dir"]) / "summary.json").read_text())
+    assert summary["run"]["judge"]["kind"] == "panel"
+    # The judge counts an honest follow-up after the refused tool as an answer (its rubric).
+    rules = evolve.diagnose(refused, teacher, split, tmp_path / "rules")
+    assert sum(c["count"] for c in report["clusters"]) < sum(c["count"] for c in rules["clusters"])
