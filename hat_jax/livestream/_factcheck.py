@@ -9,7 +9,7 @@ times from timestamps. A saving or a percentage off is supported when it follows
 (list price, promotion price) pair of the same object.
 
 A reply's claims are the figures a viewer would act on, in English and Chinese: `¥149`,
-`30 yuan`, `1元`, `一块钱`, `九块九`, `25%`, `8折`, `12 left`, `还剩12件`, `limit 2`, `限购2`,
+`30 yuan`, `1元`, `一块钱`, `九块九`, `九毛九`, `25%`, `8折`, `12 left`, `还剩12件`, `limit 2`, `限购2`,
 `7 days`, `7天`, `48 hours`, `21:00` / `9 pm` / `晚上9点`. Chinese numerals are read as numbers.
 `extra` figure patterns (kind -> language -> expressions, hooks.yaml) extend the grammar. A
 number that is not finite is never evidence, and a reply that speaks one ("NaN left") is
@@ -72,6 +72,7 @@ _PATTERNS = [
         ),
     ),
     ("money", re.compile(rf"人民币\s?({_N})")),
+    ("money", re.compile(rf"((?:{_N})(?:毛|角)[一二三四五六七八九\d]?)(?![\d{_CN}])")),
     ("count", re.compile(rf"(?:还剩|只剩|剩下|仅剩|库存|现货)\s?({_N})")),
     ("count", re.compile(rf"限购\s?({_N})")),
     ("percent", re.compile(rf"((?:\d+(?:\.\d+)?|[{_CN}]{{1,3}})折)|百分之\s?({_N})")),
@@ -108,6 +109,9 @@ def _num(text: str) -> float:
     if text.endswith("折"):  # 8折 = pay 80%, 85折 = 85%
         value = _num(text[:-1])
         return round(value * 10 if value < 10 else value, 2)
+    if text[-1] in "毛角" or "毛" in text or "角" in text:  # 九毛九 = 0.99
+        jiao, _, fen = text.replace("角", "毛").partition("毛")
+        return round(_num(jiao) / 10 + (_num(fen) / 100 if fen else 0), 2)
     if "块" in text:  # 九块九 = 9.9
         whole, tenth = text.split("块")
         return round(_num(whole) + _num(tenth) / 10, 2)
