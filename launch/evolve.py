@@ -1,7 +1,7 @@
 """Harness evolution with the model fixed: diagnose, propose, evaluate, decide (`hat_jax.evolve`).
 
   python -m launch.evolve init     --evolve_dir runs/evolve [--harness data/livestream]
-  python -m launch.evolve diagnose --evolve_dir runs/evolve --policy teacher --size 60
+  python -m launch.evolve diagnose --evolve_dir runs/evolve --policy teacher [--size 60]
   python -m launch.evolve propose  --evolve_dir runs/evolve [--proposer openai --proposer_model M]
   python -m launch.evolve propose  --evolve_dir runs/evolve --edited my/harness   # a hand edit
   python -m launch.evolve evaluate --evolve_dir runs/evolve --version <proposed hash>
@@ -219,7 +219,7 @@ def _define_flags() -> None:
     flags.DEFINE_string("model", "default", "--policy openai: model name.")
     flags.DEFINE_string("api_key_env", "OPENAI_API_KEY", "Environment variable of the API key.")
     flags.DEFINE_list("sets", ["t1", "t2"], "Dev sets (kinds with live-room items).")
-    flags.DEFINE_integer("size", 60, "Items per dev set.")
+    flags.DEFINE_integer("size", 0, "Items per dev set (0: the whole dev split).")
     flags.DEFINE_integer("seed", 0, "Dev sets' generator seed.")
     flags.DEFINE_string("sets_dir", None, "Where dev sets are stored (default <evolve_dir>/sets).")
     flags.DEFINE_string("version", None, "The version a command is about (default: current).")

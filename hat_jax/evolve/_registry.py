@@ -32,6 +32,7 @@ HISTORY = "history.json"
 CURRENT = "current.json"
 MANIFEST = "manifest.json"
 ACTIONS = ("promote", "revise", "rollback")
+KINDS = ("harness", "judge")
 
 
 class RegistryError(RuntimeError):
@@ -143,6 +144,8 @@ def init(evolve_dir: os.PathLike | str, source: os.PathLike | str, kind: str = "
     Raises:
       RegistryError: the folder already has a current version.
     """
+    if kind not in KINDS:
+        raise RegistryError(f"unknown evolution kind {kind!r}; choose one of {KINDS}")
     if (pathlib.Path(evolve_dir) / CURRENT).is_file():
         raise RegistryError(f"{evolve_dir} already has a current version {current(evolve_dir)}")
     version = store(evolve_dir, source, kind)

@@ -35,7 +35,8 @@ class DevSplit:
 
     Attributes:
       sets: set kinds with agent items (T1/T2 by default).
-      size: items per set (the dev split holds a few hundred; small for a quick loop).
+      size: items per set; 0 (the default) is the whole dev split (342 scenarios of the bundled
+        world), a smaller size a quicker, coarser loop.
       seed: the sets' generator seed.
       sets_dir: where the sets are built once and reused.
       judge: the Final Evaluation Judge (an `rl.rewards.JudgePanel`) whose labels replace the
@@ -44,7 +45,7 @@ class DevSplit:
     """
 
     sets: tuple[str, ...] = DEV_SETS
-    size: int = 60
+    size: int = 0
     seed: int = 0
     sets_dir: str = "runs/evolve/sets"
     judge: Any = None
@@ -53,8 +54,8 @@ class DevSplit:
         unknown = sorted(set(self.sets) - set(hev.KINDS))
         if not self.sets or unknown:
             raise ValueError(f"DevSplit.sets: unknown {unknown}; known {sorted(hev.KINDS)}")
-        if self.size < 1:
-            raise ValueError(f"DevSplit.size must be >= 1, got {self.size}")
+        if self.size < 0:
+            raise ValueError(f"DevSplit.size must be >= 0 (0: the whole split), got {self.size}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +115,11 @@ def _reference(folder: str) -> hev.EvalContext:
 
 def dev_sets(split: DevSplit, ref: hev.EvalContext) -> list[hev.EvalSet]:
     """The dev sets of `split`, built once from the reference context."""
+    from rl import sim
+
+    size = split.size or len(sim.default_scenarios().split("dev"))
     return hev.ensure_sets(list(split.sets), ref, sets_dir=split.sets_dir, split="dev",
-                           sizes={k: split.size for k in split.sets}, seed=split.seed)  # fmt: skip
+                           sizes={k: size for k in split.sets}, seed=split.seed)  # fmt: skip
 
 
 def run_version(
