@@ -83,14 +83,21 @@ def main() -> None:
     inline_tools = livestream.builtin_toolbox(world)
     threaded_tools = hx.Toolbox(dict(inline_tools))
     configs = [
-        _Config("harness v0, in-process", state, livestream.RuleBasedPolicy(state, world), inline_tools),
+        _Config(
+            "harness v0, in-process", state, livestream.RuleBasedPolicy(state, world), inline_tools
+        ),
         _Config(
             "harness v0, worker threads",
             state,
             _Threaded(livestream.RuleBasedPolicy(state, world)),
             threaded_tools,
         ),
-        _Config("hooks disabled, in-process", bare, livestream.RuleBasedPolicy(bare, world), inline_tools),
+        _Config(
+            "hooks disabled, in-process",
+            bare,
+            livestream.RuleBasedPolicy(bare, world),
+            inline_tools,
+        ),
     ]
     requests = [
         world.make_request(hx.Comment(text=t, viewer_id=v, handle=world.viewers[v]["handle"]))

@@ -25,7 +25,9 @@ from hat_jax import harness as hx
 from hat_jax import livestream
 from launch import _logs, _policy
 
-_WORLD = flags.DEFINE_string("world", str(livestream.default_world_dir()), "World folder with harness/.")
+_WORLD = flags.DEFINE_string(
+    "world", str(livestream.default_world_dir()), "World folder with harness/."
+)
 _COMMENT = flags.DEFINE_string("comment", None, "One viewer comment to answer.")
 _FILE = flags.DEFINE_string("comments_file", None, "Text (one per line) or JSONL comments.")
 _VIEWER = flags.DEFINE_string("viewer", "v1001", "Viewer id for --comment (see viewers.json).")

@@ -24,7 +24,7 @@ from hat_jax.harness._hook_types import (
     ResultSubject,
     Verdict,
 )
-from hat_jax.harness._hooks import CheckLibraryError, HookRunner, checks_for
+from hat_jax.harness._libraries import ContextBlocks, LibraryError
 from hat_jax.harness._loader import HarnessError, Problem, load
 from hat_jax.harness._loop import Limits, run_agent
 from hat_jax.harness._manifest import (
@@ -54,8 +54,6 @@ from hat_jax.harness._policy import (
 from hat_jax.harness._prompt import (
     build_system_prompt,
     build_user_message,
-    clock,
-    money,
     render_skill,
     render_text,
     tool_schemas,
@@ -63,15 +61,12 @@ from hat_jax.harness._prompt import (
 from hat_jax.harness._request import Comment, Request, RequestContext, group_comments
 from hat_jax.harness._retrieval import rank_faq, tokens
 from hat_jax.harness._spec import (
-    CONTEXT_ARGS,
     FLOW_TOOLS,
-    HOOK_POINTS,
     LOAD_SKILL,
     NO_REPLY,
     REPLY_PRIVATE,
     REPLY_PUBLIC,
     SKILL_KINDS,
-    TOOL_CATEGORIES,
     Constraint,
     Fallback,
     Harness,
@@ -101,12 +96,11 @@ from hat_jax.harness._validate import validate_harness as validate
 
 __all__ = [
     "AssistantTurn",
-    "CONTEXT_ARGS",
     "CallSubject",
     "CheckLibrary",
-    "CheckLibraryError",
     "Comment",
     "Constraint",
+    "ContextBlocks",
     "DeadlineExceeded",
     "DiscoveredTool",
     "FLOW_TOOLS",
@@ -114,16 +108,15 @@ __all__ = [
     "Fault",
     "FinalReply",
     "FrozenDict",
-    "HOOK_POINTS",
     "Harness",
     "HarnessError",
     "HarnessState",
     "HookContext",
     "HookEvent",
     "HookRule",
-    "HookRunner",
     "HookSpec",
     "LOAD_SKILL",
+    "LibraryError",
     "Limits",
     "McpDiscoveryError",
     "McpToolset",
@@ -151,7 +144,6 @@ __all__ = [
     "SamplingParams",
     "ScriptedPolicy",
     "Skill",
-    "TOOL_CATEGORIES",
     "ToolCall",
     "ToolDenied",
     "ToolError",
@@ -168,8 +160,6 @@ __all__ = [
     "build_user_message",
     "call",
     "call_with_deadline",
-    "checks_for",
-    "clock",
     "content_hash",
     "find_all",
     "fold",
@@ -177,7 +167,6 @@ __all__ = [
     "group_comments",
     "lexicon_problems",
     "load",
-    "money",
     "normalize_text",
     "promote",
     "rank_faq",

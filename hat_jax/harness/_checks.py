@@ -323,19 +323,21 @@ def _reply_length(ctx, rule, r: ReplyCandidate):
     )
 
 
-_WORD = re.compile(r"[a-z0-9]+")
+# Words of any script: Latin/digit runs, and CJK characters one by one (a shared run of k of
+# them is as telling as k shared English words).
+_WORD = re.compile(r"[a-z0-9]+|[\u3400-\u4dbf\u4e00-\u9fff]")
 
 
 @functools.lru_cache(maxsize=64)
 def _instruction_shingles(state: HarnessState, k: int) -> frozenset[tuple[str, ...]]:
-    words = _WORD.findall(instruction_text(state).lower())
+    words = _WORD.findall(guard.fold(instruction_text(state)))
     return frozenset(tuple(words[i : i + k]) for i in range(len(words) - k + 1))
 
 
 @RUNTIME_CHECKS.check("no_prompt_leak", "before_reply", ("retry", "block"))
 def _no_prompt_leak(ctx, rule, r: ReplyCandidate):
     k = int(rule.params.get("min_shared_words", 10))
-    words = _WORD.findall(r.text.lower())
+    words = _WORD.findall(guard.fold(r.text))
     if len(words) < k:
         return None
     shingles = _instruction_shingles(ctx.state, k)

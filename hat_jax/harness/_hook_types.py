@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hat_jax.harness._libraries import NamedSet
 from hat_jax.harness._policy import ToolCall
 from hat_jax.harness._request import Request
 from hat_jax.harness._spec import HookRule, ToolSpec
@@ -89,7 +90,7 @@ class HookImpl:
     subject: str = "default"  # "turn" for hooks that inspect a whole AssistantTurn
 
 
-class CheckLibrary(Mapping[str, HookImpl]):
+class CheckLibrary(NamedSet[HookImpl]):
     """A named, read-only set of hook checks: hook name -> `HookImpl`.
 
     A module that provides checks builds one library and adds its functions with the `check`
@@ -97,10 +98,6 @@ class CheckLibrary(Mapping[str, HookImpl]):
     `hat_jax.harness.RUNTIME_CHECKS`; a Harness names further libraries (modules exposing a
     `CHECKS` library) in hooks.yaml's `libraries`, e.g. the live room's commerce checks.
     """
-
-    def __init__(self, name: str):
-        self.name = name
-        self._impls: dict[str, HookImpl] = {}
 
     def check(
         self,
@@ -117,21 +114,7 @@ class CheckLibrary(Mapping[str, HookImpl]):
         """
 
         def add(fn):
-            if name in self._impls:
-                raise ValueError(f"check {name!r} defined twice in library {self.name!r}")
-            self._impls[name] = HookImpl(point, actions, fn, check_params, subject)
+            self._add(name, HookImpl(point, actions, fn, check_params, subject))
             return fn
 
         return add
-
-    def __getitem__(self, name: str) -> HookImpl:
-        return self._impls[name]
-
-    def __iter__(self):
-        return iter(self._impls)
-
-    def __len__(self) -> int:
-        return len(self._impls)
-
-    def __repr__(self) -> str:
-        return f"CheckLibrary({self.name!r}, {sorted(self._impls)})"

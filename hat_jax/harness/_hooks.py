@@ -12,41 +12,20 @@ an `if` in the loop.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from hat_jax.harness._checks import RUNTIME_CHECKS
 from hat_jax.harness._hook_types import CheckLibrary, HookContext, HookImpl, _Safe
+from hat_jax.harness._libraries import combined
 from hat_jax.harness._spec import HookRule, HookSpec
 from hat_jax.harness._trajectory import HookEvent
 
 
-class CheckLibraryError(ValueError):
-    """A library named in hooks.yaml cannot be used (not importable, no `CHECKS`, a clash)."""
-
-
-def check_library(module: str) -> CheckLibrary:
-    """The `CHECKS` library of `module` (a dotted module name; Python imports it once)."""
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as err:
-        raise CheckLibraryError(f"check library {module!r} cannot be imported: {err}") from err
-    library = getattr(mod, "CHECKS", None)
-    if not isinstance(library, CheckLibrary):
-        raise CheckLibraryError(f"module {module!r} has no CheckLibrary named CHECKS")
-    return library
-
-
 def checks_for(spec: HookSpec) -> Mapping[str, HookImpl]:
-    """Every check a Harness's hooks may name: the runtime's, then its declared libraries'."""
-    impls: dict[str, HookImpl] = dict(RUNTIME_CHECKS)
-    for module in spec.libraries:
-        library = check_library(module)
-        if clash := sorted(set(impls) & set(library)):
-            raise CheckLibraryError(f"check library {module!r} redefines {clash}")
-        impls.update(library)
-    return impls
+    """Every check a Harness's hooks may name: the runtime's, then its declared libraries'
+    (`LibraryError` when one cannot be used)."""
+    return combined(RUNTIME_CHECKS, spec.libraries, "CHECKS", CheckLibrary)
 
 
 @dataclasses.dataclass(frozen=True)

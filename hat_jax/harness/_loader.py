@@ -35,7 +35,6 @@ import yaml
 from hat_jax.harness._spec import (
     HOOK_ACTIONS,
     HOOK_POINTS,
-    PROMPT_SOURCES,
     SKILL_KINDS,
     TOOL_CATEGORIES,
     Constraint,
@@ -320,14 +319,7 @@ def _load_prompt(data, problems: list[Problem]) -> PromptSpec | None:
     for i, b in enumerate(r.get(data, "blocks", list) or []):
         p = f"blocks[{i}]"
         items = _string_list(r, b, "items", p)
-        source = r.get(
-            b,
-            "source",
-            str,
-            p,
-            default=None,
-            check=lambda v: None if v in PROMPT_SOURCES else f"must be one of {PROMPT_SOURCES}",
-        )
+        source = r.get(b, "source", str, p, default=None)
         bid, title = r.get(b, "id", str, p), r.get(b, "title", str, p)
         if bid and title is not None:
             blocks.append(
@@ -353,6 +345,7 @@ def _load_prompt(data, problems: list[Problem]) -> PromptSpec | None:
         blocks=tuple(blocks),
         constraints=tuple(constraints),
         user_message=UserMessageFormat(**um_fields),
+        libraries=tuple(_string_list(r, data, "libraries", "")),
         source="prompt.yaml",
     )
 

@@ -2,21 +2,23 @@
 
 Block order, item order, wording and numeric constraints all come from `PromptSpec` (data), so
 a variant Harness renders a different prompt with no code change. Static text is rendered once
-per `HarnessState` (cached); the request-dependent blocks (product, retrieved FAQs, room,
-history) are filled per request. Placeholders `{tool:..}`, `{skill:..}`, `{const:..}` and
+per `HarnessState` (cached); the request-dependent blocks are filled per request: the
+runtime's own sources (`skills`, retrieved `faqs`, `history`) and those of the libraries the
+prompt names (`BLOCKS` of each module in prompt.yaml's `libraries`, e.g. the live room's
+`product` and `room`), rendered once per request context. Placeholders `{tool:..}`, `{skill:..}`, `{const:..}` and
 `{room:..}` are resolved here and nowhere else.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 from collections.abc import Mapping
 from typing import Any
 
+from hat_jax.harness._libraries import ContextBlocks, combined
 from hat_jax.harness._request import Request
 from hat_jax.harness._retrieval import rank_faq
-from hat_jax.harness._spec import PromptBlock, Skill
+from hat_jax.harness._spec import PromptBlock, PromptSpec, Skill
 from hat_jax.harness._state import PLACEHOLDER, HarnessState
 
 ROOM_FIELDS = ("host_name", "title", "room_id", "now")
@@ -37,102 +39,19 @@ def render_text(text: str, state: HarnessState, room: Mapping[str, Any] | None =
     return PLACEHOLDER.sub(sub, text)
 
 
-def money(value: float, symbol: str = "¥") -> str:
-    """`149.0` -> `¥149`, `12.5` -> `¥12.5`."""
-    return f"{symbol}{value:g}"
-
-
-def clock(iso: str, with_date: bool = True) -> str:
-    t = dt.datetime.fromisoformat(iso)
-    return t.strftime("%Y-%m-%d %H:%M" if with_date else "%H:%M")
-
-
-def _product_items(p: Mapping[str, Any], sym: str) -> list[str]:
-    name = p["name"] + (f" ({p['name_zh']})" if p.get("name_zh") else "")
-    items = [
-        f"ID: {p['id']}",
-        f"Name: {name}",
-        f"Brand: {p['brand']}",
-        f"List price: {money(p['price'], sym)}",
-    ]
-    promo = p.get("promotion")
-    if promo:
-        items.append(
-            f"Promotion ({promo['status']}): {money(promo['price'], sym)} {promo['label']}, "
-            f"{clock(promo['start'])} to {clock(promo['end'])}, limit {promo['limit_per_order']} per order"
-        )
-    items.append("Variants: " + ", ".join(p["variants"]))
-    items.append("Specs: " + "; ".join(f"{k}: {v}" for k, v in p["specs"].items()))
-    s = p["shipping"]
-    remote = (
-        f"; {', '.join(s['remote_regions'])} +{money(s['remote_surcharge'], sym)}"
-        if s["remote_regions"]
-        else ""
-    )
-    items.append(
-        f"Shipping: ships within {s['ships_within_hours']} hours by {s['carrier']}, "
-        f"{'free shipping' if s['free_shipping'] else 'shipping charged'}, delivery in {s['delivery_days']} days{remote}"
-    )
-    r = p["returns"]
-    window = (
-        f"{r['no_reason_days']}-day no-reason returns"
-        if r["no_reason_days"]
-        else "no no-reason returns"
-    )
-    items.append(
-        f"Returns: {window} ({r['condition']}); quality issues within {r['quality_issue_days']} days; {r['return_shipping']}"
-    )
-    return items
-
-
-def _room_items(room: Mapping[str, Any]) -> list[str]:
-    items = [f"Time now: {clock(room['now'])}"]
-    if room.get("session"):
-        items.append(
-            f"Live session: {clock(room['session']['start'])} to {clock(room['session']['end'])}"
-        )
-    if room.get("viewer_count") is not None:
-        items.append(f"Viewers online: {room['viewer_count']}")
-    if room.get("lineup"):
-        items.append(
-            "Line-up: " + ", ".join(f"{x['name']} [{x['product_id']}]" for x in room["lineup"])
-        )
-    for c in room.get("campaigns", ()):
-        notes = [
-            " (followers only)" if c["followers_only"] else "",
-            " (fully claimed)" if c["remaining"] == 0 else "",
-        ]
-        items.append(f"Coupon campaign: {c['title']}{''.join(notes)}")
-    lot = room.get("lottery")
-    if lot:
-        items.append(
-            f"Lottery ({lot['status']}): {lot['prize']} for {lot['winners']} winners, draw at "
-            f"{clock(lot['draw_time'], with_date=False)}; to enter, {lot['how_to_enter']}"
-        )
-    items += [
-        f'Host said at {clock(u["at"], with_date=False)}: "{u["text"]}"'
-        for u in room.get("anchor_utterances", ())
-    ]
-    return items
+def context_blocks(prompt: PromptSpec) -> dict:
+    """The context blocks a prompt's `libraries` provide (source name -> renderer)."""
+    return combined({}, prompt.libraries, "BLOCKS", ContextBlocks)
 
 
 def _dynamic_items(block: PromptBlock, state: HarnessState, request: Request) -> list[str]:
     ctx, prompt = request.context, state.harness.prompt
-    sym = ctx.room.get("currency_symbol", "¥")
     if block.source == "skills":
         return list(_skill_index(state))
-    if block.source == "product":
-        if not ctx.product:
-            return ["(no product on screen)"]
-        return list(_per_context(ctx, "product", lambda: _product_items(ctx.product, sym)))
     if block.source == "faqs":
         query = " ".join(c.text for c in request.comments)
         hits = rank_faq(query, ctx.faq_pool, prompt.constraint("faq_top_k"))
         return [f"Q: {f['q']} A: {f['a']}" for f in hits] or ["(no related FAQ)"]
-    if block.source == "room":
-        if not ctx.room:
-            return ["(no live-room state)"]
-        return list(_per_context(ctx, "room", lambda: _room_items(ctx.room)))
     if block.source == "history":
         n = prompt.constraint("history_turns")
         turns = ctx.history[-n:] if n else ()
@@ -140,14 +59,10 @@ def _dynamic_items(block: PromptBlock, state: HarnessState, request: Request) ->
             x for t in turns for x in (f"@{t['handle']}: {t['comment']}", f"Host: {t['reply']}")
         ]
         return lines or ["(no earlier conversation)"]
-    return []
-
-
-def _per_context(ctx, key: str, make) -> tuple[str, ...]:
-    """A rendering of the (immutable) request context, made once per context."""
-    if key not in ctx.renderings:
-        ctx.renderings[key] = tuple(make())
-    return ctx.renderings[key]
+    if block.source not in ctx.renderings:
+        render = context_blocks(prompt)[block.source]
+        ctx.renderings[block.source] = tuple(render(ctx))
+    return list(ctx.renderings[block.source])
 
 
 @functools.lru_cache(maxsize=256)

@@ -20,7 +20,7 @@ SKILL_KINDS = ("reply", "strategy")
 TOOL_CATEGORIES = ("retrieval", "commerce", "flow", "marketing")
 HOOK_POINTS = ("input", "before_tool", "after_tool", "before_reply", "end_of_turn")
 HOOK_ACTIONS = ("retry", "modify", "block", "flag")
-PROMPT_SOURCES = ("skills", "product", "faqs", "room", "history")
+RUNTIME_SOURCES = ("skills", "faqs", "history")  # prompt block sources the runtime fills itself
 # Arguments the runtime fills from the request; the policy never sees or sets them.
 CONTEXT_ARGS = ("viewer_id", "room_id", "now")
 # Canonical names of the flow-control tools the agent loop interprets itself.
@@ -201,6 +201,7 @@ class PromptSpec(_Hashed):
     blocks: tuple[PromptBlock, ...]
     constraints: tuple[Constraint, ...]
     user_message: UserMessageFormat
+    libraries: tuple[str, ...] = ()  # modules whose `BLOCKS` fill further block sources
     source: str = _no_hash(default="")
 
     __hash__ = _Hashed.__hash__

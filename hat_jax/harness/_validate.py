@@ -13,10 +13,11 @@ import json
 import jsonschema
 
 from hat_jax.harness._frozen import canonical_json, thaw
-from hat_jax.harness._hooks import CheckLibraryError, checks_for
+from hat_jax.harness._hooks import checks_for
+from hat_jax.harness._libraries import LibraryError
 from hat_jax.harness._loader import Problem
-from hat_jax.harness._prompt import ROOM_FIELDS
-from hat_jax.harness._spec import CONTEXT_ARGS, FLOW_TOOLS, Harness
+from hat_jax.harness._prompt import ROOM_FIELDS, context_blocks
+from hat_jax.harness._spec import CONTEXT_ARGS, FLOW_TOOLS, RUNTIME_SOURCES, Harness
 from hat_jax.harness._state import RenameMap, placeholders
 
 
@@ -114,10 +115,23 @@ def _check_skills(harness: Harness, out: list[Problem]) -> None:
 
 def _check_prompt(harness: Harness, out: list[Problem]) -> None:
     p, file = harness.prompt, harness.prompt.source or "prompt"
+    try:
+        sources = set(RUNTIME_SOURCES) | set(context_blocks(p))
+    except LibraryError as err:
+        out.append(Problem(file, "libraries", str(err)))
+        sources = None
     ids = [b.id for b in p.blocks]
     for i, b in enumerate(p.blocks):
         if ids.count(b.id) > 1:
             out.append(Problem(file, f"blocks[{i}].id", f"duplicate block id {b.id!r}"))
+        if b.source and sources is not None and b.source not in sources:
+            out.append(
+                Problem(
+                    file,
+                    f"blocks[{i}].source",
+                    f"no context block named {b.source!r}; known: {sorted(sources)}",
+                )
+            )
         for j, item in enumerate(b.items):
             _check_placeholders(item, harness, file, f"blocks[{i}].items[{j}]", out)
     names = [c.name for c in p.constraints]
@@ -139,7 +153,7 @@ def _check_hooks(harness: Harness, canonical: set[str], out: list[Problem]) -> N
     spec, file = harness.hooks, harness.hooks.source or "hooks"
     try:
         checks = checks_for(spec)
-    except CheckLibraryError as err:
+    except LibraryError as err:
         out.append(Problem(file, "libraries", str(err)))
         return
     names = [h.name for h in spec.hooks]

@@ -1,7 +1,8 @@
 """The live-commerce domain the Harness runtime (`hat_jax.harness`) runs: the world (catalog,
 live room, orders, viewers, marketing), its built-in retrieval and commerce tools, the marketing
-service and its MCP server, the offline rule-based policy, and the commerce checks Harness v0
-names in hooks.yaml (`hat_jax.livestream.checks`).
+service and its MCP server, the offline rule-based policy, and the libraries Harness v0 names:
+the commerce checks (hooks.yaml: `hat_jax.livestream.checks`) and the `product` and `room`
+prompt blocks (prompt.yaml: `hat_jax.livestream.prompt`).
 
     from hat_jax import harness as hx, livestream
     world = livestream.load_world(livestream.default_world_dir())
@@ -22,6 +23,7 @@ from hat_jax.livestream._rule_policy import RuleBasedPolicy
 from hat_jax.livestream._tools import builtin_toolbox
 from hat_jax.livestream._wording import coupon_granted, order_details
 from hat_jax.livestream._world import World, WorldError, load_world
+from hat_jax.livestream.prompt import clock, money
 
 
 def default_world_dir() -> pathlib.Path:
@@ -36,11 +38,13 @@ __all__ = [
     "World",
     "WorldError",
     "builtin_toolbox",
+    "clock",
     "coupon_granted",
     "default_world_dir",
     "load_world",
     "marketing_server",
     "marketing_server_params",
+    "money",
     "order_details",
     "unsupported_claims",
 ]

@@ -21,13 +21,12 @@ from hat_jax.harness import (
     AssistantTurn,
     HarnessState,
     ToolCall,
-    clock,
     find_all,
-    money,
     sentences,
 )
 from hat_jax.livestream._wording import coupon_granted, order_details
 from hat_jax.livestream._world import World
+from hat_jax.livestream.prompt import clock, money
 
 _INTENTS = {
     "human": r"are you (?:a )?(?:real|human|person|robot|bot|an? ai)\b|real person",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hat_jax.harness import money
+from hat_jax.livestream.prompt import money
 
 
 def order_details(order: Mapping[str, Any]) -> str:

@@ -220,7 +220,8 @@ class Rewarder:
         for channel, text in (("public", ep.public), ("private", ep.private)):
             if text:
                 why += [
-                    f"unsupported {c!r} ({channel})" for c in livestream.unsupported_claims(text, evidence)
+                    f"unsupported {c!r} ({channel})"
+                    for c in livestream.unsupported_claims(text, evidence)
                 ]
         for claim in _claims(self.harness):
             needed = claim.get("requires_tool")

@@ -92,48 +92,49 @@ def _price(i: Intent, r: Results, world: livestream.World) -> Clause:
     status = promo.get("status")
     if i.kind == "saving":
         if p["current_price"] < p["list_price"]:
-            save = hx.money(p["list_price"] - p["current_price"])
+            save = livestream.money(p["list_price"] - p["current_price"])
             return Clause(
-                f"you save {save} on {name}: {hx.money(p['current_price'])} instead of {hx.money(p['list_price'])}",
+                f"you save {save} on {name}: {livestream.money(p['current_price'])} instead of {livestream.money(p['list_price'])}",
                 f"you save {save}",
             )
         return Clause(
-            f"there's no discount on {name} right now, it's {hx.money(p['current_price'])}"
+            f"there's no discount on {name} right now, it's {livestream.money(p['current_price'])}"
         )
     if i.kind == "promo_window":
         if status == "active":
             return Clause(
-                f"the live-room price of {hx.money(p['current_price'])} for {name} runs until {hx.clock(promo['end'], with_date=False)}",
-                f"the deal runs until {hx.clock(promo['end'], with_date=False)}",
+                f"the live-room price of {livestream.money(p['current_price'])} for {name} runs until {livestream.clock(promo['end'], with_date=False)}",
+                f"the deal runs until {livestream.clock(promo['end'], with_date=False)}",
             )
         if status == "upcoming":
             return Clause(
-                f"the {promo['label']} for {name} starts at {hx.clock(promo['start'], with_date=False)}"
+                f"the {promo['label']} for {name} starts at {livestream.clock(promo['start'], with_date=False)}"
             )
         return Clause(
-            f"there's no live-room deal on {name} right now, it's {hx.money(p['current_price'])}"
+            f"there's no live-room deal on {name} right now, it's {livestream.money(p['current_price'])}"
         )
     if i.kind == "order_limit":
         if status == "active":
             return Clause(
-                f"you can buy up to {promo['limit_per_order']} per order at {hx.money(p['current_price'])}",
+                f"you can buy up to {promo['limit_per_order']} per order at {livestream.money(p['current_price'])}",
                 f"up to {promo['limit_per_order']} per order",
             )
         return Clause(f"there's no per-order limit on {name} right now")
     if status == "active":
         return Clause(
-            f"{name} is {hx.money(p['current_price'])} in the live room until {hx.clock(promo['end'], with_date=False)}, "
-            f"down from {hx.money(p['list_price'])}",
-            f"it's {hx.money(p['current_price'])} tonight",
+            f"{name} is {livestream.money(p['current_price'])} in the live room until {livestream.clock(promo['end'], with_date=False)}, "
+            f"down from {livestream.money(p['list_price'])}",
+            f"it's {livestream.money(p['current_price'])} tonight",
         )
     if status == "upcoming":
         return Clause(
-            f"{name} is {hx.money(p['list_price'])} now, and the {promo['label']} of "
-            f"{hx.money(promo['price'])} starts at {hx.clock(promo['start'], with_date=False)}",
-            f"it's {hx.money(p['list_price'])} right now",
+            f"{name} is {livestream.money(p['list_price'])} now, and the {promo['label']} of "
+            f"{livestream.money(promo['price'])} starts at {livestream.clock(promo['start'], with_date=False)}",
+            f"it's {livestream.money(p['list_price'])} right now",
         )
     return Clause(
-        f"{name} is {hx.money(p['current_price'])}", f"it's {hx.money(p['current_price'])}"
+        f"{name} is {livestream.money(p['current_price'])}",
+        f"it's {livestream.money(p['current_price'])}",
     )
 
 
@@ -200,8 +201,8 @@ def _shipping(i: Intent, r: Results, world: livestream.World) -> Clause:
         region = i.detail["region"]
         if region in s["remote_regions"] and s["remote_surcharge"]:
             return Clause(
-                f"yes, we ship {d['name']} to {region} for an extra {hx.money(s['remote_surcharge'])}",
-                f"{region} costs an extra {hx.money(s['remote_surcharge'])}",
+                f"yes, we ship {d['name']} to {region} for an extra {livestream.money(s['remote_surcharge'])}",
+                f"{region} costs an extra {livestream.money(s['remote_surcharge'])}",
             )
         return Clause(
             f"yes, {d['name']} ships to {region} with free shipping", f"{region} has free shipping"
@@ -268,9 +269,9 @@ def _purchase(i: Intent, r: Results, world: livestream.World) -> Clause:
     if p is None:
         return _ack("the price")
     return Clause(
-        f"{p['name']} is {hx.money(p['current_price'])} in the live room, just tap the product card "
+        f"{p['name']} is {livestream.money(p['current_price'])} in the live room, just tap the product card "
         "under the stream, pick your option and check out",
-        f"it's {hx.money(p['current_price'])}, tap the product card and check out",
+        f"it's {livestream.money(p['current_price'])}, tap the product card and check out",
     )
 
 
@@ -290,8 +291,8 @@ def _marketing(i: Intent, r: Results, world: livestream.World) -> Clause:
         if x is None:
             return _ack("the lottery")
         return Clause(
-            f"the {x['prize']} lottery is drawn at {hx.clock(x['draw_time'], with_date=False)}; to enter, {x['how_to_enter']}",
-            f"the {x['prize']} lottery is drawn at {hx.clock(x['draw_time'], with_date=False)}",
+            f"the {x['prize']} lottery is drawn at {livestream.clock(x['draw_time'], with_date=False)}; to enter, {x['how_to_enter']}",
+            f"the {x['prize']} lottery is drawn at {livestream.clock(x['draw_time'], with_date=False)}",
         )
     if i.kind == "follow_gift":
         g = r.answer("claim_follow_gift")
@@ -306,8 +307,8 @@ def _marketing(i: Intent, r: Results, world: livestream.World) -> Clause:
             f"your gift, {g['gift']}, is on its way",
         )
     return Clause(
-        f"followers can get a {hx.money(i.detail['discount'])} off coupon with no minimum spend, just ask me for it",
-        f"followers get a {hx.money(i.detail['discount'])} off coupon",
+        f"followers can get a {livestream.money(i.detail['discount'])} off coupon with no minimum spend, just ask me for it",
+        f"followers get a {livestream.money(i.detail['discount'])} off coupon",
     )
 
 

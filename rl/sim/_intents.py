@@ -20,7 +20,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hat_jax import harness as hx
 from hat_jax import livestream
 from rl.sim._scenario import Claim, Fact, GoldCall, Intent
 
@@ -69,7 +68,7 @@ def fact(intent: Intent, n: int, kind: str, value: Any, **kw) -> Fact:
 
 def amount(x: float) -> str:
     """An amount as the prompt pipeline writes it, without the currency symbol (`149`)."""
-    return hx.money(x, symbol="")
+    return livestream.money(x, symbol="")
 
 
 # ------------------------------------------------------------------------------ product access
@@ -133,9 +132,13 @@ def promo_window(i: Intent, w: Where) -> IntentGold:
     info = w.world.price_info(i.product_id)
     status = (info.get("promotion") or {}).get("status")
     if status == "active":
-        g.facts.append(fact(i, 1, "time", hx.clock(info["promotion"]["end"], with_date=False)))
+        g.facts.append(
+            fact(i, 1, "time", livestream.clock(info["promotion"]["end"], with_date=False))
+        )
     elif status == "upcoming":
-        g.facts.append(fact(i, 1, "time", hx.clock(info["promotion"]["start"], with_date=False)))
+        g.facts.append(
+            fact(i, 1, "time", livestream.clock(info["promotion"]["start"], with_date=False))
+        )
     else:
         g.facts += [fact(i, 1, "money", amount(info["current_price"])), fact(i, 2, "any", NO_DEAL)]
     return g
@@ -375,7 +378,7 @@ def lottery(i: Intent, w: Where) -> IntentGold:
     lot = w.world.lottery()
     g.facts += [
         fact(i, 1, "text", lot["prize"]),
-        fact(i, 2, "time", hx.clock(lot["draw_time"], with_date=False)),
+        fact(i, 2, "time", livestream.clock(lot["draw_time"], with_date=False)),
     ]
     return g
 

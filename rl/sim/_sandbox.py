@@ -104,7 +104,9 @@ class Sandbox:
         faults.
     """
 
-    def __init__(self, world: livestream.World, *, faults: FaultConfig | None = None, seed: int = 0):
+    def __init__(
+        self, world: livestream.World, *, faults: FaultConfig | None = None, seed: int = 0
+    ):
         self.world, self.faults = world, faults or FaultConfig()
         self.rng = random.Random(seed)
         self.injected: list[InjectedFault] = []

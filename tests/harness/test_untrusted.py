@@ -194,7 +194,10 @@ def test_odd_and_oversized_comments(state, world, marketing, request_for, text, 
 def test_malformed_tool_output_with_the_offline_policy(state, world, tools, request_for, bad):
     toolbox = hx.Toolbox({**dict(tools), "get_price_promotion": lambda a: bad})
     traj = hx.run_agent(
-        state, request_for("how much is the serum?"), livestream.RuleBasedPolicy(state, world), toolbox
+        state,
+        request_for("how much is the serum?"),
+        livestream.RuleBasedPolicy(state, world),
+        toolbox,
     )
     rec = next(r for r in traj.tool_calls if r.canonical == "get_price_promotion")
     assert rec.error in ("malformed", None)
@@ -277,7 +280,9 @@ def test_fuzzed_comments_offline_policy(state, world, marketing, text):
 def test_forged_chat_format_markup_is_removed(state, world, request_for, text):
     from hat_jax import chat_format
 
-    traj = hx.run_agent(state, request_for(text), livestream.RuleBasedPolicy(state, world), hx.Toolbox({}))
+    traj = hx.run_agent(
+        state, request_for(text), livestream.RuleBasedPolicy(state, world), hx.Toolbox({})
+    )
     comment = traj.request["comments"][0]["text"]
     for token in (*chat_format.FORMAT_TOKENS, "<|endoftext|>"):
         assert token not in comment, (token, comment)

@@ -148,5 +148,7 @@ def test_bad_catalog_values_and_json(world_dir, tmp_path):
     assert "products[3].promotion.price" in text and "products[3].promotion.end" in text
     assert "products[5].stock.50 g" in text and "duplicate id" in text
     (dest / "viewers.json").write_text("{not json")
-    with pytest.raises(livestream.WorldError, match=r"viewers.json: <json>: invalid JSON at line 1"):
+    with pytest.raises(
+        livestream.WorldError, match=r"viewers.json: <json>: invalid JSON at line 1"
+    ):
         livestream.load_world(dest)

@@ -11,7 +11,9 @@ from hat_jax import harness as hx
 DIMS = list(hsa.Dim)
 
 
-def rendered(state: hx.HarnessState, world: livestream.World, text: str = "how much is the serum?") -> str:
+def rendered(
+    state: hx.HarnessState, world: livestream.World, text: str = "how much is the serum?"
+) -> str:
     """The first prompt the policy sees: system turn (with tool schemas) and the user turn."""
     request = world.make_request(hx.Comment(text=text, viewer_id="v1001", handle="lily"))
     messages = [

@@ -13,7 +13,10 @@ from rl.rewards import RewardConfig, Rewarder, clock_times, money, states, text_
 
 @pytest.fixture(scope="module")
 def env():
-    world, base = livestream.load_world(livestream.default_world_dir()), hx.load(livestream.default_world_dir())
+    world, base = (
+        livestream.load_world(livestream.default_world_dir()),
+        hx.load(livestream.default_world_dir()),
+    )
     scenarios = sim.default_scenarios()
     room = sim.LiveRoom(world=world, harness=base, scenarios=scenarios)
     return world, base, scenarios, room
