@@ -14,6 +14,11 @@ import os
 import pathlib
 
 os.environ.setdefault("HAT_JAX_RETAIN_HOST_MEMORY", "0")
+# torch (transformers' reference models the parity tests compare against) runs on one thread:
+# its OpenMP workers spin while they wait, and with the cores shared by several test processes
+# a tiny reference model's `generate` took 4-19 s of CPU on 2 threads and 0.3 s on one. Set
+# before anything imports torch; inherited by the subprocesses the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(__file__).parents[1] / ".pytest_cache" / "jax")
 )
