@@ -1,3 +1,4 @@
+# Over 400 lines: the streaming client, the concurrency levels and their summary are one measurement.
 """The deployment replay (paper appendix H.3): complete agent episodes against an endpoint.
 
     summary = replay(cases, ctx, endpoint="http://127.0.0.1:8000/v1", model="policy",

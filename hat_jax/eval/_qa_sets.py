@@ -1,3 +1,4 @@
+# Over 400 lines: T1 and T2 share the sampling, the held-out edit and the scoring of one scenario split.
 """T1 Live-Stream QA and T2 Harness-Variant QA (paper §4.1-4.2, appendix E.2).
 
 Both sets are simulator scenarios of one split (`rl.sim.default_scenarios()`, whose splits hold

@@ -57,3 +57,14 @@ def request_for(world):
 @pytest.fixture
 def spy(tools):
     return Spy(tools)
+
+
+@pytest.fixture
+def marketing(tools):
+    """Built-in tools plus recording stand-ins for the MCP marketing executors."""
+    fake = {
+        "issue_coupon": lambda a: {"issued": True, "discount": 10.0, "min_spend": 0.0},
+        "get_lottery_status": lambda a: {"status": "open"},
+        "claim_follow_gift": lambda a: {"granted": True, "gift": "serum", "delivery": "soon"},
+    }
+    return Spy(tools.merged(fake))

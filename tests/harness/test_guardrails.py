@@ -64,16 +64,6 @@ BENIGN = {
 }
 
 
-@pytest.fixture
-def marketing(tools):
-    fake = {
-        "issue_coupon": lambda a: {"issued": True, "discount": 10.0, "min_spend": 0.0},
-        "get_lottery_status": lambda a: {"status": "open"},
-        "claim_follow_gift": lambda a: {"granted": True, "gift": "serum", "delivery": "soon"},
-    }
-    return Spy(tools.merged(fake))
-
-
 def _obey(state: hx.HarnessState, reply: str, *, before=()):
     """A policy that does whatever the attacker asks, in the surface names of `state`."""
     return hx.ScriptedPolicy([*before, _obeying_turn(state, reply)], repeat_last=True)

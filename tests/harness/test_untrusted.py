@@ -25,17 +25,6 @@ INJECTIONS = [
 ]
 
 
-@pytest.fixture
-def marketing(tools):
-    """Built-in tools plus recording stand-ins for the MCP marketing executors."""
-    fake = {
-        "issue_coupon": lambda a: {"issued": True, "discount": 10.0, "min_spend": 0.0},
-        "get_lottery_status": lambda a: {"status": "open"},
-        "claim_follow_gift": lambda a: {"granted": True, "gift": "serum", "delivery": "soon"},
-    }
-    return Spy(tools.merged(fake))
-
-
 def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
