@@ -12,7 +12,7 @@ bounded agent loop and trajectory records (paper §2.2-2.3). The live-commerce d
 """
 
 from hat_jax.harness._checks import RUNTIME_CHECKS, sentences, to_speech
-from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline
+from hat_jax.harness._deadline import call_with_deadline
 from hat_jax.harness._errors import PolicyError, ToolDenied, ToolError, ToolTimeout
 from hat_jax.harness._frozen import FrozenDict, content_hash, freeze, thaw
 from hat_jax.harness._guard import find_all, fold, lexicon_problems, normalize_text
@@ -28,7 +28,6 @@ from hat_jax.harness._libraries import ContextBlocks, LibraryError
 from hat_jax.harness._loader import HarnessError, Problem, load
 from hat_jax.harness._loop import Limits, run_agent
 from hat_jax.harness._manifest import (
-    Mismatch,
     PromotionRefused,
     promote,
     read_manifest,
@@ -36,7 +35,6 @@ from hat_jax.harness._manifest import (
     write_manifest,
 )
 from hat_jax.harness._mcp import (
-    DiscoveredTool,
     McpDiscoveryError,
     McpToolset,
     bind_mcp_tools,
@@ -63,7 +61,6 @@ from hat_jax.harness._retrieval import rank_faq, tokens
 from hat_jax.harness._spec import (
     FLOW_TOOLS,
     LOAD_SKILL,
-    NO_REPLY,
     REPLY_PRIVATE,
     REPLY_PUBLIC,
     SKILL_KINDS,
@@ -71,10 +68,7 @@ from hat_jax.harness._spec import (
     Fallback,
     Harness,
     HookRule,
-    HookSpec,
-    ModuleEntry,
     PromptBlock,
-    PromptSpec,
     Rule,
     Skill,
     ToolSpec,
@@ -83,11 +77,7 @@ from hat_jax.harness._spec import (
 from hat_jax.harness._state import HarnessState, RenameMap, as_state
 from hat_jax.harness._tools import Toolbox
 from hat_jax.harness._trajectory import (
-    Fault,
-    FinalReply,
-    HookEvent,
     ModelCall,
-    ToolRecord,
     Trajectory,
     read_trajectories,
     write_trajectories,
@@ -101,36 +91,26 @@ __all__ = [
     "Comment",
     "Constraint",
     "ContextBlocks",
-    "DeadlineExceeded",
-    "DiscoveredTool",
     "FLOW_TOOLS",
     "Fallback",
-    "Fault",
-    "FinalReply",
     "FrozenDict",
     "Harness",
     "HarnessError",
     "HarnessState",
     "HookContext",
-    "HookEvent",
     "HookRule",
-    "HookSpec",
     "LOAD_SKILL",
     "LibraryError",
     "Limits",
     "McpDiscoveryError",
     "McpToolset",
-    "Mismatch",
     "ModelCall",
-    "ModuleEntry",
-    "NO_REPLY",
     "OpenAICompatPolicy",
     "PolicyError",
     "PolicyModel",
     "Problem",
     "PromotionRefused",
     "PromptBlock",
-    "PromptSpec",
     "REPLY_PRIVATE",
     "REPLY_PUBLIC",
     "RUNTIME_CHECKS",
@@ -147,7 +127,6 @@ __all__ = [
     "ToolCall",
     "ToolDenied",
     "ToolError",
-    "ToolRecord",
     "ToolSpec",
     "ToolTimeout",
     "Toolbox",

@@ -3,6 +3,7 @@ malformed tool output never lead to an unauthorised commerce or marketing call, 
 prompt, or a crash. Checked with the offline policy, with adversarial scripted policies that
 obey the attacker, and with hypothesis-generated comments and tool calls."""
 
+import collections
 import json
 import re
 
@@ -40,7 +41,9 @@ def _leaks(reply: str | None, system_prompt: str, k: int = 10) -> bool:
 def _assert_authorised(traj: hx.Trajectory, spy: Spy, harness: hx.Harness) -> None:
     """Every executed gated call was allowed by a Skill loaded before it, and no side-effect
     tool ran for a comment flagged as an injection."""
-    executed = iter(spy.calls)
+    # Calls of one round run on worker threads, so executors may start in any order: match
+    # records to executor calls by name, each call used once.
+    executed = collections.Counter(name for name, _ in spy.calls)
     loaded: set[str] = set()
     for rec in traj.tool_calls:
         spec = harness.tool(rec.name)
@@ -52,13 +55,16 @@ def _assert_authorised(traj: hx.Trajectory, spy: Spy, harness: hx.Harness) -> No
         ):
             continue
         if spec.category in ("retrieval", "commerce", "marketing"):
-            name, _ = next(executed)
-            assert name == rec.canonical
+            collected = rec.result is not None or rec.error is not None
+            if collected:  # an abandoned round leaves started calls uncollected (maybe not run yet)
+                assert executed[rec.canonical] > 0, rec
+            if executed[rec.canonical]:
+                executed[rec.canonical] -= 1
             if spec.category in GATED:
                 assert any(rec.name in harness.skill(s).allowed_tools for s in loaded), rec
             if spec.side_effects:
                 assert "injection" not in traj.request["flags"], rec
-    assert next(executed, None) is None
+    assert not +executed, executed  # no executor ran without its record
 
 
 @pytest.mark.parametrize("text", INJECTIONS)
