@@ -54,6 +54,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             split="train",
             eval_split="dev",
             online_hsa_probability=0.5 if mode == "hsa" else 0.0,
+            online_hsa_dims="all",  # the dimensions online HSA draws from, e.g. "skill_id,hook"
             tokenizer_dir="",
             truncation="drop",
             worker_count=0,

@@ -21,7 +21,7 @@ from flax import nnx
 import data
 import models
 from data.tokenizer import load_tokenizer
-from hat_jax import sharding, train
+from hat_jax import hsa, sharding, train
 from launch import _common
 
 _FLAGS: dict = {}
@@ -55,7 +55,9 @@ def build(c, *, run_dir: str | None = None) -> Built:
     init = (c.init.kind, c.init.path)
     model = _common.model_config(c.model, init, load_tokenizer(tokenizer_dir))
     t = c.trainer
-    hsa = data.OnlineHSAConfig(probability=c.data.online_hsa_probability)
+    dims = hsa.parse_dims(c.data.online_hsa_dims)
+    dims = None if dims == hsa.ALL else tuple(sorted(str(d) for d in dims))
+    online = data.OnlineHSAConfig(probability=c.data.online_hsa_probability, dims=dims)
     pipeline = dict(sources=(c.data.corpus or "<unset>",), seq_len=t.seq_len, seed=t.seed,
                     global_batch_size=t.batch_size, truncation=c.data.truncation,
                     tokenizer_dir=tokenizer_dir, worker_count=c.data.worker_count,
@@ -73,7 +75,7 @@ def build(c, *, run_dir: str | None = None) -> Built:
             logits_chunk=c.logits_chunk,
         ),
         model=model,
-        data=data.PipelineConfig(split=c.data.split, online_hsa=hsa, **pipeline),
+        data=data.PipelineConfig(split=c.data.split, online_hsa=online, **pipeline),
         eval_data=evaluation,
         init=init,
         run_dir=pathlib.Path(run_dir or c.run_dir),
