@@ -143,14 +143,15 @@ def test_advantages_are_hat_advantages_and_an_equal_group_contributes_nothing():
     assert not np.asarray(out.advantages).any() and not np.asarray(out.keep).any()
 
 
-LEARNING_STEPS = 16
+LEARNING_STEPS = 28
 
 
 @pytest.fixture(scope="module")
 def learned(tmp_path_factory):
-    """At learning rate 3e-2 the training reward leaves its chance level (~1/6) after ~4
-    rollouts and holds >= 0.97 from the 7th on (at 1e-2 that took ~35): 16 steps end with
-    10 rollouts at the optimum, the last 5 of which the test averages."""
+    """At learning rate 3e-2 the training reward leaves its chance level (~1/6) and holds
+    >= 0.94 from rollout 7 on (at 1e-2 that took ~35 rollouts); with the trainer's seed at 1
+    or 2 instead of 0, from rollout 19 and 8. The last 5 of 28 rollouts, which the test
+    averages, lie past all three."""
     run_dir = tmp_path_factory.mktemp("rl")
     config = rl_check.stage_config(steps=LEARNING_STEPS, learning_rate=3e-2)
     return run_dir, rl_check.run(run_dir, config=config)
