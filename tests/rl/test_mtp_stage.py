@@ -1,4 +1,4 @@
-"""MTP draft-head adaptation: the stage loss against `rl.distill` computed by hand, gradients
+"""MTP draft-head adaptation: the stage loss against `rl.mtp` computed by hand, gradients
 reach only the head, the rollout pool resumes exactly, and a grafted head adapted on rollouts
 of a frozen policy drafts measurably better (simulated acceptance length before/after)."""
 
@@ -47,7 +47,7 @@ def _rows(seed: int, batch: int = 2, length: int = 24) -> dict[str, np.ndarray]:
 
 
 def _by_hand(drafter, batch):
-    """The head at t sees h_t and token t+1 and is scored on token t+2, via `rl.distill`."""
+    """The head at t sees h_t and token t+1 and is scored on token t+2, via `rl.mtp`."""
     ids, pos, segs = batch["input_ids"], batch["positions"], batch["segment_ids"]
     policy = drafter.policy(ids, positions=pos, segment_ids=segs)
     next_ids = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
