@@ -1,7 +1,7 @@
 """Harness evolution (paper §2.3, appendix B.1, appendix D): the Harness is edited after
 deployment with the model fixed, through diagnosis, proposals and an operator's decisions.
 
-    from hat_jax import evolve
+    from hat_jax import evolve, livestream
     evolve.init("runs/evolve", livestream.default_world_dir())           # v0 is current
     split = evolve.DevSplit(size=60)
     report = evolve.diagnose("runs/evolve", policy, split, "runs/evolve/diag")

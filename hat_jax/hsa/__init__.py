@@ -1,6 +1,6 @@
 """Harness-State Augmentation (HSA): task-preserving variation of the Harness (paper §3.2).
 
-    from hat_jax import harness as hx, hsa
+    from hat_jax import harness as hx, hsa, livestream
     base = hx.load(livestream.default_world_dir())
     state = hsa.augment(base, seed=7)                               # all five dimensions
     state = hsa.augment(base, seed=7, dims={hsa.Dim.TOOL_DEF}, strength=0.8)
