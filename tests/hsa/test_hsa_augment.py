@@ -267,7 +267,7 @@ def test_same_seed_same_state_in_another_process(base):
     import sys
 
     code = (
-        "from hat_jax import harness as hx, hsa\n"
+        "from hat_jax import harness as hx, hsa, livestream\n"
         "b = hx.load(livestream.default_world_dir())\n"
         "print(','.join(hsa.augment(b, seed=s, strength=1.0).harness.version for s in range(5)))"
     )
