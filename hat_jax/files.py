@@ -131,21 +131,33 @@ def write_jsonl(
 
 
 def read_jsonl(
-    path: os.PathLike | str, parse: Callable[[Any], T] = lambda d: d, *, what: str = "record"
+    path: os.PathLike | str,
+    parse: Callable[[Any], T] = lambda d: d,
+    *,
+    what: str = "record",
+    problems: list[str] | None = None,
 ) -> list[T]:
     """Reads a JSONL file, applying `parse` to each object; blank lines are skipped.
 
+    With `problems`, a damaged file is read as far as it can be: each line that is not valid
+    JSON or that `parse` rejects is skipped and named there (`<file>:<line>: not a <what>
+    (<error>); line skipped`, "an" before a lower-case vowel); undecodable bytes are replaced.
+
     Raises:
-      ValueError: naming the file and line of the first line that is not valid JSON or that
-        `parse` rejects (with ValueError, TypeError or KeyError).
+      ValueError: (without `problems`) naming the file and line of the first line that is not
+        valid JSON or that `parse` rejects (with ValueError, TypeError or KeyError).
     """
-    out = []
-    with open(path, encoding="utf-8") as f:
+    out, article = [], "an" if what[:1] in "aeiou" else "a"
+    errors = "strict" if problems is None else "replace"
+    with open(path, encoding="utf-8", errors=errors) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 out.append(parse(json.loads(line)))
             except (ValueError, TypeError, KeyError) as err:
-                raise ValueError(f"{path}:{n}: not a {what}: {err}") from err
+                if problems is None:
+                    raise ValueError(f"{path}:{n}: not {article} {what}: {err}") from err
+                why = f"{type(err).__name__}: {str(err)[:80]}"
+                problems.append(f"{path}:{n}: not {article} {what} ({why}); line skipped")
     return out

@@ -49,6 +49,19 @@ def test_read_jsonl_names_the_bad_line(tmp_path):
         files.read_jsonl(path, lambda d: d["missing"], what="widget")
 
 
+def test_read_jsonl_with_problems_reads_the_rest_of_a_damaged_file(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"n": 1}\nnot json\n{"m": 2}\n{"n": 3, "bad": "\xff"}\n')
+    problems: list[str] = []
+    records = files.read_jsonl(path, lambda d: d["n"], what="item", problems=problems)
+    assert records == [1, 3]
+    assert [p.split(" (")[0] for p in problems] == [
+        f"{path}:2: not an item",
+        f"{path}:3: not an item",
+    ]
+    assert all(p.endswith("; line skipped") for p in problems)
+
+
 def test_binary_mode_and_bad_mode(tmp_path):
     with files.atomic_open(tmp_path / "x.bin", "wb") as f:
         f.write(b"\x00\x01")

@@ -43,23 +43,18 @@ DIMENSIONS = ("accuracy", "effectiveness", "tool_rationality", "skill_selection"
 _MISSING_SKILL = re.compile(r"missing one of \[([^\]]*)\]")
 
 
+def _checked(rec: dict[str, Any]) -> dict[str, Any]:
+    """An item record with what diagnosis reads (KeyError/TypeError/ValueError otherwise)."""
+    float(rec["scores"][METRIC]), rec["id"], rec["set"], rec["family"]
+    return rec
+
+
 def read_records(run_dir: os.PathLike | str) -> tuple[list[dict[str, Any]], list[str]]:
     """Every parseable item record of a run (all sets), and one line per bad line
     (`<file>:<line>: <why>`)."""
     records, bad = [], []
     for path in sorted((pathlib.Path(run_dir) / "items").glob("*.jsonl")):
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    float(rec["scores"][METRIC]), rec["id"], rec["set"], rec["family"]
-                except (ValueError, TypeError, KeyError) as err:
-                    bad.append(f"{path}:{n}: not an evaluation result ({type(err).__name__}: "
-                               f"{str(err)[:80]})")  # fmt: skip
-                    continue
-                records.append(rec)
+        records += files.read_jsonl(path, _checked, what="evaluation result", problems=bad)
     return records, bad
 
 

@@ -35,6 +35,11 @@ REASONS = ("", "more accurate", "more helpful", "better tool use", "follows the 
            "better tone", "safer", "other")  # fmt: skip
 
 
+def _label(rec: dict[str, Any]) -> dict[str, Any]:
+    rec["set"], rec["item_id"]  # KeyError/TypeError name a damaged label
+    return rec
+
+
 class BlindError(ValueError):
     """The session cannot start (no shared items, a folder of another session)."""
 
@@ -145,17 +150,10 @@ class BlindSession:
         path = self.folder / LABELS_FILE
         if not path.is_file():
             return latest
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    latest[(rec["set"], rec["item_id"])] = rec
-                except (ValueError, KeyError, TypeError) as err:
-                    problem = f"{path}:{n}: not a label ({err}); line skipped"
-                    if problem not in self.problems:
-                        self.problems.append(problem)
+        problems: list[str] = []
+        for rec in files.read_jsonl(path, _label, what="label", problems=problems):
+            latest[(rec["set"], rec["item_id"])] = rec
+        self.problems += [p for p in problems if p not in self.problems]
         return latest
 
     def result(self) -> dict[str, Any]:
