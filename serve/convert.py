@@ -8,6 +8,7 @@
             expert_layout=None, mtp=None)
     to_hf(checkpoint, out_dir, *, mtp=None, **save_hf_kwargs)    (an Orbax checkpoint)
     restore_mtp(directory, config) -> MTPHead                    (an Orbax head checkpoint)
+    compare_with_transformers(hf_dir) -> float   (max |logits diff| vs transformers, fp32)
 
 The work is in private modules: `_hf_map` (the explicit tensor name map), `_hf_read` (reading
 an HF directory by tensor name; missing, unexpected and mis-shaped tensors are named before any
@@ -59,6 +60,7 @@ from serve._load import (
     restore_mtp,
 )
 from serve._save import save_hf, to_hf
+from serve._verify import compare_with_transformers
 
 __all__ = [
     "INDEX_FILE",
@@ -66,6 +68,7 @@ __all__ = [
     "HFCheckpointError",
     "abstract_mtp",
     "abstract_qwen",
+    "compare_with_transformers",
     "has_mtp",
     "is_hf_dir",
     "load_checkpoint",
