@@ -33,7 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Pin set versions (e.g. t1="t1-0123456789ab") to refuse anything else.
     c.versions = ml_collections.ConfigDict(dict(t1="", t2="", t3_tool="", t3_prompt="", general=""))
     kind = {"sft": "jax", "hf": "jax"}.get(variant, variant)
-    checkpoint = {"sft": "runs/demo/sft/checkpoints", "hf": "runs/demo/hf"}.get(variant, "")
+    checkpoint = {"sft": "runs/demo/sft/checkpoints", "hf": "runs/demo/export/hf"}.get(variant, "")
     c.policy = ml_collections.ConfigDict(
         dict(
             kind=kind,
@@ -47,8 +47,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             server_extensions=False,
         )
     )
+    # Thinking on: the demo's policies were trained on the teacher's reasoning (an empty think
+    # block is a prompt they never saw); 192 tokens hold a reasoning line and the reply's call.
     c.sampling = ml_collections.ConfigDict(
-        dict(temperature=0.0, top_p=1.0, max_tokens=128, enable_thinking=False)
+        dict(temperature=0.0, top_p=1.0, max_tokens=192, enable_thinking=True)
     )
     c.batch_size = 16  # items decoded together by a local JAX policy
     c.concurrency = 4  # items in flight against an endpoint

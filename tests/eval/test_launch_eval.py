@@ -44,6 +44,8 @@ def _config(tmp_path, variant, **policy):
     c.sets_dir = str(tmp_path / "sets")
     c.sizes.update(SIZES)
     c.sampling.max_tokens = 12
+    # A random model never closes a think block within 12 tokens: replies would all be empty.
+    c.sampling.enable_thinking = False
     c.batch_size = 8
     c.limits.max_rounds = 2
     c.policy.update(policy)
@@ -67,6 +69,7 @@ def test_a_jax_checkpoint_from_the_cli_and_in_process_scores_the_same(checkpoint
         [sys.executable, "-m", "launch.eval", "--config=configs/eval_demo.py",
          f"--config.run_dir={tmp_path / 'cli'}", f"--config.sets_dir={tmp_path / 'sets'}",
          f"--config.policy.checkpoint={checkpoint / 'orbax'}", "--config.sampling.max_tokens=12",
+         "--config.sampling.enable_thinking=False",
          "--config.batch_size=8", "--config.limits.max_rounds=2", "--config.sets=t1,general",
          *(f"--config.sizes.{k}={v}" for k, v in SIZES.items())],
         cwd=REPO, capture_output=True, text=True, timeout=900,
