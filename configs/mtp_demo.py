@@ -35,7 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             vocab_size=0,
             dtype="float32",
             param_dtype="float32",
-            moe_dispatch="sorted",
+            moe_dispatch="auto",
             remat="none",
         )  # fmt: skip
     )

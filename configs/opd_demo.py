@@ -32,7 +32,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             vocab_size=0,  # 0: the tokenizer's size rounded up to 128 (random models only)
             dtype="float32",
             param_dtype="float32",
-            moe_dispatch="sorted",
+            moe_dispatch="auto",
             remat="none",
         )
     )

@@ -31,7 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             vocab_size=0,  # 0: the tokenizer's size rounded up to 128 (random policies only)
             dtype="float32",
             param_dtype="float32",
-            moe_dispatch="sorted",
+            moe_dispatch="auto",
             # Rollouts prefill a whole step's contexts at once: block-wise attention keeps
             # that O(T) in memory (dense scores of 16 x 4K-token prompts are gigabytes).
             attention_impl="flash",

@@ -30,8 +30,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             vocab_size=0,
             dtype="float32",
             param_dtype="float32",
-            # "dense" | "sorted" | "capacity" (batched grid, faster on CPU) | "ragged" (GPU/TPU)
-            moe_dispatch="sorted",
+            # "auto": "capacity" on CPU (batched grid), "ragged" on GPU/TPU; or "dense", "sorted"
+            moe_dispatch="auto",
             # "capacity" grid rows per expert, x the mean; rows past it still run (dropless)
             moe_capacity_factor=1.25,
             # True: under a mesh, each device routes only its own tokens (models._moe_sharded)
