@@ -64,7 +64,9 @@ def test_qwen3_moe_rejects_qwen3_5_only_parts():
 
 
 def test_presets():
-    assert set(PRESETS) >= {"tiny", "qwen3_5_35b_a3b", "qwen3_6_35b_a3b", "qwen3_30b_a3b"}
+    assert set(PRESETS) >= {"tiny", "small", "qwen3_5_35b_a3b", "qwen3_6_35b_a3b", "qwen3_30b_a3b"}
+    assert PRESETS["small"].block_pattern == ("linear_attention",) * 3 + ("full_attention",)
+    assert PRESETS["small"].num_blocks == 2  # two full attention layers (tiny: one)
     big = QwenConfig.preset("qwen3_6_35b_a3b")
     assert big.block_pattern == ("linear_attention",) * 3 + ("full_attention",)
     assert big.num_blocks == 10 and big.full_attention_interval == 4 and big.rotary_dim == 64
@@ -86,7 +88,7 @@ def _architecture(config: QwenConfig) -> dict:
     return {k: v for k, v in dataclasses.asdict(config).items() if k not in runtime}
 
 
-@pytest.mark.parametrize("name", ["tiny", "qwen3_6_35b_a3b", "qwen3_30b_a3b"])
+@pytest.mark.parametrize("name", ["tiny", "small", "qwen3_6_35b_a3b", "qwen3_30b_a3b"])
 def test_hf_dict_round_trip_through_transformers(name):
     config = PRESETS[name]
     layouts = ["text", "vl"] if config.is_qwen3_5 else ["text"]
