@@ -22,7 +22,7 @@ $(STAMP): requirements.lock requirements-nodeps.lock pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m launch.demo
+	$(PY) -m launch.pipeline --config=configs/pipeline_demo.py
 
 test: $(STAMP)
 	$(FAKE_DEVICES) $(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadscope \

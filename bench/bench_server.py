@@ -9,7 +9,7 @@ rows may stop early and the token counts say so). The engine is warmed up first
 (`BatchEngine.warmup`: one program per batch size). Peers are interleaved, medians printed.
 
     python -m bench server                    # a random mid-size policy exported as HF
-    python -m bench.bench_server --checkpoint runs/demo/hf [--requests 64] [--max_tokens 32]
+    python -m bench.bench_server --checkpoint runs/demo/export/hf [--requests 64] [--max_tokens 32]
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ and the adapted head; evaluation reads the export). A stage is complete when
 `<workdir>/<stage>/COMPLETE.json` exists: written atomically after the stage returned, it holds
 the stage's manifest entry. A complete stage is skipped; an interrupted one runs again and
 resumes from its own checkpoints (the trainer's, the corpus's finished splits, the evaluation's
-finished chunks). `<workdir>/manifest.json` is rewritten atomically around every stage. A stage
+finished chunks). `<workdir>/manifest.json` is rewritten atomically around every stage, and
+with it `<workdir>/report.md` (`launch._pipeline_report`). A stage
 that fails stops the run (`StageFailed` names it); earlier stages' outputs are left alone.
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 import ml_collections
 
 from hat_jax import files
+from launch import _pipeline_report
 
 STAGES = ("corpus", "sft", "opd", "rl", "mtp", "export", "eval")
 TRAINED = ("sft", "opd", "rl")  # stages whose output is the next stage's policy
@@ -83,6 +85,9 @@ def wire(c: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
     if "corpus" in stages:
         out["sft"].data.corpus = corpus.out
         out["sft"].data.eval_split = "dev" if corpus.dev_scenarios else ""
+        if out["mtp"].data.source == "corpus":  # the draft head learns the agent's prompts
+            out["mtp"].data.corpus = corpus.out
+            out["mtp"].data.eval_split = out["sft"].data.eval_split or out["mtp"].data.split
     if "sft" in stages:  # the student is the SFT policy; its teacher, the model SFT started from
         out["opd"].policy.update(dict(kind="orbax", path=_policy_before("opd", stages, workdir)))
         sft = out["sft"]
@@ -194,8 +199,15 @@ def _export(b: ml_collections.ConfigDict, mesh: Any) -> dict[str, Any]:
                   dtype=b.dtype)  # fmt: skip
     if b.mtp and not convert.has_mtp(out):
         raise RuntimeError(f"{out}: the export holds no mtp.* draft head")
+    summary = [f"Hugging Face directory {out}" + (" with the mtp.* draft head" if b.mtp else "")]
+    if b.get("check_transformers", False):
+        diff = convert.compare_with_transformers(out)
+        if not diff <= b.max_logit_diff:
+            raise RuntimeError(f"{out}: transformers' logits differ from ours by {diff:.3g} "
+                               f"(> max_logit_diff {b.max_logit_diff:g})")  # fmt: skip
+        summary.append(f"reloaded with transformers: max |logits diff| vs ours {diff:.2e}")
     return {"inputs": {"checkpoint": b.checkpoint, "mtp": b.mtp},
-            "outputs": {"hf_dir": str(out)}}  # fmt: skip
+            "outputs": {"hf_dir": str(out)}, "result": {"summary": summary}}  # fmt: skip
 
 
 def _eval(b: ml_collections.ConfigDict, mesh: Any) -> dict[str, Any]:
@@ -279,6 +291,7 @@ def _write(workdir: pathlib.Path, manifest: dict[str, Any]) -> None:
         manifest["versions"].update(entry.get("versions", {}))
     manifest["updated"] = _now()
     files.write_json(workdir / MANIFEST, manifest, default=str)
+    _pipeline_report.write_report(workdir, manifest)
 
 
 def run_pipeline(
@@ -308,6 +321,9 @@ def run_pipeline(
     done = {s: e for s in stages if (e := _read(marker(root, s))) is not None}
     _plan(root, stages, selected, done, wired)
     previous = _read(root / MANIFEST) or {}
+    for earlier in previous.get("invocations", []):  # its process died without closing it
+        if earlier.get("status") == "running":
+            earlier["status"] = "interrupted"
     invocation = {"started": _now(), "selected": list(selected), "skipped": [s for s in selected
                   if s in done], "ran": [], "status": "running"}  # fmt: skip
     manifest = {

@@ -2,7 +2,7 @@
 cannot show, printed as one table.
 
   python -m launch.accelerator_check --dry_run          # on any machine: the plan
-  python -m launch.accelerator_check --export runs/demo/hf --out runs/accel
+  python -m launch.accelerator_check --export runs/demo/export/hf --out runs/accel
 
 Steps (each a subprocess with its own time limit; a failed step is reported and the rest run):
 1. `logits`: the tiny model's logits on the accelerator against the CPU's (fp32, one process
@@ -31,7 +31,7 @@ import time
 from absl import app, flags
 
 _DRY = flags.DEFINE_bool("dry_run", False, "Print the plan and exit.")
-_EXPORT = flags.DEFINE_string("export", "runs/demo/hf", "The HF export to serve.")
+_EXPORT = flags.DEFINE_string("export", "runs/demo/export/hf", "The HF export to serve.")
 _OUT = flags.DEFINE_string("out", "runs/accelerator_check", "Logs and results.")
 _INSTALL = flags.DEFINE_bool("install", False, "pip install the cuda and serve extras first.")
 _PORT = flags.DEFINE_integer("port", 30000, "SGLang's port.")

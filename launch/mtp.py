@@ -164,7 +164,7 @@ def export(c, built: Built, result: rl.MTPResult) -> pathlib.Path:
 
 
 def summary(result: rl.MTPResult) -> list[str]:
-    """Report lines for a finished run (e.g. for `launch.demo`)."""
+    """Report lines for a finished run (e.g. for the pipeline report)."""
     b, a = result.before, result.after
     line = (f"acceptance length (simulated, k drafts) {b['acceptance_length']:.3f} -> "
             f"{a['acceptance_length']:.3f}; per-token acceptance {b['acceptance']:.3f} -> "

@@ -137,7 +137,7 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> rl.OPDResult:
 
 
 def summary(result: rl.OPDResult) -> list[str]:
-    """Report lines for a finished run (e.g. for `launch.demo`)."""
+    """Report lines for a finished run (e.g. for the pipeline report)."""
     b, a = result.before, result.after
     return [
         f"{result.step} steps in {result.seconds:.0f} s: held-out KL to the teacher per token "

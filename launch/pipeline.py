@@ -1,7 +1,7 @@
 """The HAT pipeline as one resumable run with a manifest: corpus -> HSA-SFT -> General OPD ->
 HSA-RL -> MTP adaptation -> HF export -> evaluation.
 
-  python -m launch.pipeline --config=configs/pipeline_demo.py [--workdir runs/pipeline]
+  python -m launch.pipeline --config=configs/pipeline_demo.py [--workdir runs/demo]   # make demo
   python -m launch.pipeline --config=configs/ablations.py:fixed_sft_opd    # an ablation arm
   python -m launch.pipeline --config=configs/pipeline_demo.py --stages=sft,opd   # a subset
 

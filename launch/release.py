@@ -1,7 +1,7 @@
 """Release gates: a candidate checkpoint with its evaluation and deployment replay is released
 only if it passes the latency, business and general-capability gates (see `serve.release`).
 
-  python -m launch.release --checkpoint runs/demo/hf --eval_run runs/eval/demo \
+  python -m launch.release --checkpoint runs/demo/export/hf --eval_run runs/eval/demo \
       --replay_run runs/replay/demo [--registry runs/releases] [--serving serving.json]
 
 Prints each gate's verdict and figures; a refused candidate exits with status 1 and the last

@@ -1,6 +1,6 @@
 """The deployment replay: complete agent episodes against an OpenAI-compatible endpoint.
 
-  python -m serve.server --checkpoint runs/demo/hf &                        # or SGLang
+  python -m serve.server --checkpoint runs/demo/export/hf &                        # or SGLang
   python -m launch.replay --endpoint http://127.0.0.1:8000/v1 --model hf --out runs/replay/demo
   python -m launch.replay ... --cases runs/replay/cases/t1-dev --concurrency 1,2,4,8 \
       --warmup 10 --requests 100 --slo_s 15

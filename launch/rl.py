@@ -126,7 +126,7 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> rl.RLResult:
 
 
 def summary(result: rl.RLResult) -> list[str]:
-    """Report lines for a finished run (e.g. for `launch.demo`)."""
+    """Report lines for a finished run (e.g. for the pipeline report)."""
     b, a, t = result.before, result.after, result.train
     nan = float("nan")
     return [

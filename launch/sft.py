@@ -118,7 +118,7 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> train.SFTResult:
 
 
 def summary(result: train.SFTResult) -> list[str]:
-    """Report lines for a finished run (used by `launch.demo`)."""
+    """Report lines for a finished run (used by the pipeline report)."""
     m = result.final_metrics
     resumed = f", resumed from step {result.resumed_from}" if result.resumed_from else ""
     return [

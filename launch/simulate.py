@@ -5,7 +5,7 @@
   python -m launch.simulate --policy openai --base_url http://localhost:30000/v1 --model hat \
       --server_extensions                                        # SGLang's request fields
   python -m launch.simulate --export_scenarios runs/sim/scenarios.jsonl --episodes 0
-  python -m launch.simulate --policy jax --checkpoint runs/demo/hf --episodes 20
+  python -m launch.simulate --policy jax --checkpoint runs/demo/export/hf --episodes 20
 
 Each episode draws a scenario (family weights from `--proportions`), a Harness state (HSA over
 `--dims`, the original for `--original_fraction` of episodes) and fault draws, runs the policy in

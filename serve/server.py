@@ -1,6 +1,6 @@
 """An OpenAI-compatible server over a local JAX policy (CPU or accelerator).
 
-    python -m serve.server --checkpoint runs/demo/hf [--port 8000] [--num_draft_tokens 3]
+    python -m serve.server --checkpoint runs/demo/export/hf [--port 8000] [--num_draft_tokens 3]
 
 Routes:
 - `POST /v1/chat/completions`: non-streaming and streaming (SSE, `stream_options.include_usage`);

@@ -1,7 +1,7 @@
 """Serving an HF export with SGLang (accelerator machines; `pip install -e ".[serve]"`).
 
-    python -m serve.sglang --model_path runs/demo/hf --dry_run     # print the command
-    python -m serve.sglang --model_path runs/demo/hf --port 30000  # run it, wait, report
+    python -m serve.sglang --model_path runs/demo/export/hf --dry_run     # print the command
+    python -m serve.sglang --model_path runs/demo/export/hf --port 30000  # run it, wait, report
 
 The command follows SGLang 0.5.23's own flags (`sglang/srt/arg_groups/fields/*.py` of that
 wheel): `--reasoning-parser qwen3`, `--tool-call-parser qwen3_coder`; with the export's
