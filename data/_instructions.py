@@ -146,8 +146,9 @@ def check_constraints(
     response: str, constraints: Sequence[Mapping[str, Any]], *, loose: bool = False
 ) -> list[bool]:
     """Whether `response` satisfies each constraint (in order); `loose`: whether any of its
-    `loose_variants` does."""
-    variants = loose_variants(response) if loose else [response]
+    `loose_variants` does. An empty (or blank) response follows nothing, strictly or loosely,
+    as in IFEval's own scorer (else "at most 3 sentences" would pass on no answer)."""
+    variants = loose_variants(response) if loose else [response] if response.strip() else []
     return [
         any(bool(CONSTRAINT_TYPES[validate_constraint(c)["type"]][0](r, c)) for r in variants)
         for c in constraints

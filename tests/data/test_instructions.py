@@ -148,6 +148,14 @@ def test_loose_checks_forgive_a_preamble_a_sign_off_and_markdown_emphasis():
     assert data.check_constraints("coffee\nmore coffee", [never], loose=True) == [False]
 
 
+def test_an_empty_response_follows_no_constraint():
+    short = [{"type": "max_sentences", "value": 3}, {"type": "max_words", "value": 5}]
+    assert data.check_constraints("Fine.", short) == [True, True]
+    for blank in ("", "  \n "):
+        assert data.check_constraints(blank, short) == [False, False]
+        assert data.check_constraints(blank, short, loose=True) == [False, False]
+
+
 def test_pass_rates_are_ifeval_prompt_and_instruction_level_strict_and_loose():
     words = {"type": "max_words", "value": 3}
     commas = {"type": "no_commas"}
