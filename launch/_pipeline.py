@@ -86,8 +86,7 @@ def wire(c: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
         out["sft"].data.corpus = corpus.out
         out["sft"].data.eval_split = "dev" if corpus.dev_scenarios else ""
         if out["mtp"].data.source == "corpus":  # the draft head learns the agent's prompts
-            out["mtp"].data.corpus = corpus.out
-            out["mtp"].data.eval_split = out["sft"].data.eval_split or out["mtp"].data.split
+            out["mtp"].data.corpus = corpus.out  # held out: its eval split (the corpus's dev)
     if "sft" in stages:  # the student is the SFT policy; its teacher, the model SFT started from
         out["opd"].policy.update(dict(kind="orbax", path=_policy_before("opd", stages, workdir)))
         sft = out["sft"]
