@@ -18,7 +18,10 @@ Public API:
     General instructions for OPD (`data._instructions`):
         Instruction, load_instructions, parse_instruction, check_constraints, pass_rates,
         prompt_hash, check_disjoint, read_prompt_records, CONSTRAINT_TYPES,
-        DEMO_INSTRUCTIONS
+        DEMO_INSTRUCTIONS, CONFLICTS
+    General instructions with answers, the base stage's corpus (`data._general`; CLI
+    `python -m launch.make_general`):
+        write_general_corpus, generate_general, respond_general, GENERAL_STATES
     The Grain pipelines (`data.pipeline`):
         PipelineConfig, OnlineHSAConfig, sft_data, build_sft_dataset,
         make_augmenter, HsaAugmenter, opd_prompt_data, DataIterator, pad_id
@@ -43,7 +46,12 @@ from data._corpus import Outcome as CorpusOutcome
 from data._corpus import generate as generate_corpus
 from data._corpus import scenario_ids as corpus_scenario_ids
 from data._examples import TRUNCATION_POLICIES, Prepared, RenderOptions, decode_record, prepare
+from data._general import STATES as GENERAL_STATES
+from data._general import generate as generate_general
+from data._general import respond as respond_general
+from data._general import write_general_corpus
 from data._instructions import (
+    CONFLICTS,
     CONSTRAINT_TYPES,
     DEMO_INSTRUCTIONS,
     Instruction,
@@ -84,7 +92,12 @@ __all__ = [
     "CorpusConfig",
     "STATE_MODES",
     "BATCH_KEYS",
+    "CONFLICTS",
     "CONSTRAINT_TYPES",
+    "GENERAL_STATES",
+    "generate_general",
+    "respond_general",
+    "write_general_corpus",
     "CORPUS_SCHEMA",
     "DEMO_INSTRUCTIONS",
     "MODEL_ERRORS",

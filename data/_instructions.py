@@ -116,6 +116,30 @@ CONSTRAINT_TYPES: dict[str, tuple[Callable[[str, Mapping[str, Any]], bool], tupl
 }
 
 
+# Pairs of constraint types no single response satisfies (or only contrived ones).
+CONFLICTS = frozenset(
+    frozenset(p)
+    for p in [
+        ("all_lowercase", "all_uppercase"),
+        ("min_words", "max_words"),
+        ("min_words", "max_sentences"),
+        ("max_sentences", "num_paragraphs"),
+        ("max_sentences", "num_bullets"),
+        ("num_bullets", "num_paragraphs"),
+        ("quotation", "start_with"),
+        ("quotation", "end_with"),
+        ("quotation", "num_bullets"),
+        *[("json_format", t) for t in ("num_bullets", "num_paragraphs", "start_with",
+                                       "end_with", "quotation", "title", "max_sentences")],
+    ]
+)  # fmt: skip
+
+
+def compatible(kind: str, chosen: Sequence[str]) -> bool:
+    """Whether a constraint of type `kind` can join `chosen` (not among them, no `CONFLICTS`)."""
+    return kind not in chosen and all(frozenset((kind, c)) not in CONFLICTS for c in chosen)
+
+
 def validate_constraint(constraint: Any) -> Mapping[str, Any]:
     """Checks a constraint's type and fields; returns it. ValueError names the problem."""
     if not isinstance(constraint, Mapping):

@@ -2,7 +2,7 @@
 
 Prompts are generated deterministically from the seed: a task from a small bank, then one to
 three compatible constraints of the types of `data._instructions.CONSTRAINT_TYPES` (two
-constraints are compatible unless one response could not satisfy both, see `CONFLICTS`), the
+constraints are compatible unless one response could not satisfy both, see `data._instructions.CONFLICTS`), the
 instruction text stating each. Prompts stay under `MAX_WORDS` words so a tiny model can follow
 them. The task bank is split in two disjoint halves: the test split draws from one, the dev
 split from the other (`train` is refused: the OPD training prompts are
@@ -60,23 +60,6 @@ TASKS: tuple[tuple[str, tuple[str, str]], ...] = (
 _AVOID = ("very", "really", "basically", "just", "thing")
 _START = ("My answer:", "In short", "Here goes")
 _END = ("Hope this helps.", "That is all.", "Thanks for reading.")
-# Pairs of constraint types no single response satisfies (or only contrived ones).
-CONFLICTS = frozenset(
-    frozenset(p)
-    for p in [
-        ("all_lowercase", "all_uppercase"),
-        ("min_words", "max_words"),
-        ("min_words", "max_sentences"),
-        ("max_sentences", "num_paragraphs"),
-        ("max_sentences", "num_bullets"),
-        ("num_bullets", "num_paragraphs"),
-        ("quotation", "start_with"),
-        ("quotation", "end_with"),
-        ("quotation", "num_bullets"),
-        *[("json_format", t) for t in ("num_bullets", "num_paragraphs", "start_with",
-                                       "end_with", "quotation", "title", "max_sentences")],
-    ]
-)  # fmt: skip
 
 
 def _constraint(kind: str, rng: random.Random, keywords: tuple[str, str]) -> tuple[dict, str]:
@@ -156,8 +139,7 @@ def generate(split: str, size: int, seed: int) -> list[dict[str, Any]]:
         task, keywords = rng.choice(tasks)
         chosen: list[str] = []
         for _ in range(rng.choice((1, 1, 2, 2, 3))):
-            options = [k for k in kinds if k not in chosen
-                       and all(frozenset((k, c)) not in CONFLICTS for c in chosen)]  # fmt: skip
+            options = [k for k in kinds if ins.compatible(k, chosen)]
             chosen.append(rng.choice(options))
         pairs = [_constraint(k, rng, keywords) for k in chosen]
         text = " ".join([task, *(sentence for _, sentence in pairs)])

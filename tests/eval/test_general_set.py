@@ -1,9 +1,10 @@
 """The general instruction set: generation, disjointness from the OPD prompts, scoring."""
 
-import json
+import random
 
 import pytest
 
+from data import _general as general_corpus
 from data import _instructions as ins
 from hat_jax import harness as hx
 from hat_jax.eval import _general
@@ -34,40 +35,16 @@ def score(ctx, it, text):
     return GENERAL.score(it, prepared, turn)
 
 
-def satisfy(constraints, keywords=("alpha", "beta")) -> str:
-    """A response meeting every constraint of one generated prompt (an oracle for the bank)."""
-    kinds = {c["type"]: c for c in constraints}
-    words = kinds.get("include_keywords", {}).get("keywords", keywords)
-    long = "min_words" in kinds
-    unit = f"it covers {words[0]} and {words[1]}"
-    if long:
-        unit += " with enough detail to make every step easy to follow for anyone at home" * 2
-    n = kinds.get("num_bullets", kinds.get("num_paragraphs", {"value": 1}))["value"]
-    if "min_words" in kinds and "num_bullets" not in kinds and "num_paragraphs" not in kinds:
-        n = 3
-    units = [unit + "." for _ in range(n)]
-    if "num_bullets" in kinds:
-        body = "\n".join(f"- {u}" for u in units)
-    elif "num_paragraphs" in kinds:
-        body = "\n\n".join(units)
-    else:
-        body = " ".join(units)
-    if "json_format" in kinds:
-        body = json.dumps({"answer": body})
-    if "title" in kinds:
-        body = f"<<a short title>>\n{body}"
-    if "start_with" in kinds:
-        sep = "\n" if "num_bullets" in kinds else " "
-        body = f"{kinds['start_with']['phrase']}{sep}{body}"
-    if "end_with" in kinds:
-        body = f"{body} {kinds['end_with']['phrase']}"
-    if "quotation" in kinds:
-        body = f'"{body}"'
-    if "all_lowercase" in kinds:
-        body = body.lower()
-    if "all_uppercase" in kinds:
-        body = body.upper()
-    return body
+def satisfy(task: str, constraints, keywords) -> str:
+    """A response meeting every constraint of one generated prompt: the base corpus's
+    responder (itself checked by the scorer) on a topic of ten short sentences using the keywords."""
+    numbers = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+    sentences = tuple(f"Point {n} covers {keywords[0]} and {keywords[1]} for anyone."
+                      for n in numbers)  # fmt: skip
+    topic = general_corpus.Topic(task, "A short title", tuple(keywords), sentences)
+    answer = general_corpus.respond(topic, constraints, random.Random(0))
+    assert answer is not None, (task, constraints)
+    return answer
 
 
 def test_build_is_deterministic_and_versioned_by_seed(ctx, built, tmp_path):
@@ -91,7 +68,7 @@ def test_items_are_short_valid_and_compatible(built):
         types = [c["type"] for c in constraints]
         assert len(set(types)) == len(types)
         assert all(ins.validate_constraint(c) for c in constraints)
-        assert not any(frozenset((a, b)) in _general.CONFLICTS for a in types for b in types)
+        assert not any(frozenset((a, b)) in ins.CONFLICTS for a in types for b in types)
     assert {it.family for it in built} == set(ins.CONSTRAINT_TYPES)
 
 
@@ -99,8 +76,8 @@ def test_every_generated_prompt_is_satisfiable(ctx, built):
     for it in built:
         task = it.prompt["messages"][0]["content"]
         keywords = next(k for t, k in _general.TASKS if task.startswith(t))
-        s = score(ctx, it, satisfy(it.prompt["constraints"], keywords))
-        assert s["strict_prompt"] == 1.0, (task, satisfy(it.prompt["constraints"], keywords))
+        answer = satisfy(task, it.prompt["constraints"], keywords)
+        assert score(ctx, it, answer)["strict_prompt"] == 1.0, (task, answer)
 
 
 def test_disjoint_from_the_opd_prompts_and_between_splits(ctx, built, monkeypatch):
