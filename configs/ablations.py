@@ -6,10 +6,11 @@ with each arm's differences only).
 Arms (each writes under `runs/ablations/<arm>` and evaluates its export on the same set
 versions, `eval.sets_dir`, so arms compare item by item):
 
-- `hsa_sft` (the reference): HSA-SFT, then export and evaluation.
+- `hsa_sft` (the reference): the base (general instructions, scored on the general set),
+  HSA-SFT from it, then export and evaluation (compared item by item with the base's).
 - `fixed_sft`: Fixed-Harness SFT: a corpus of the original Harness only (same number of
   episodes per scenario) and no online HSA.
-- `hsa_sft_opd`, `fixed_sft_opd`: either SFT arm followed by General OPD.
+- `hsa_sft_opd`, `fixed_sft_opd`: either SFT arm followed by General OPD toward the base.
 - `hsa_rl`, `agentic_rl`: HSA-SFT + General OPD, then RL with HSA (`rl_demo`'s default) or
   Agentic RL (the original Harness in every episode); `fixed_sft_hsa_rl` and
   `fixed_sft_agentic_rl` start from Fixed-Harness SFT + General OPD instead.
@@ -24,9 +25,9 @@ import ml_collections
 from configs import pipeline_demo
 
 _DIMS = ("skill_id", "skill_content", "tool_def", "system_prompt", "hook")
-_BASE_STAGES = "corpus,sft,export,eval"
-_OPD_STAGES = "corpus,sft,opd,export,eval"
-_RL_STAGES = "corpus,sft,opd,rl,export,eval"
+_BASE_STAGES = "base,corpus,sft,export,eval"
+_OPD_STAGES = "base,corpus,sft,opd,export,eval"
+_RL_STAGES = "base,corpus,sft,opd,rl,export,eval"
 ARGS = (
     "hsa_sft", "fixed_sft", "hsa_sft_opd", "fixed_sft_opd", "hsa_rl", "agentic_rl",
     "fixed_sft_hsa_rl", "fixed_sft_agentic_rl", *(f"hsa_dim_{d}" for d in _DIMS),

@@ -1,11 +1,13 @@
-"""The HAT pipeline as one resumable, manifested run: corpus -> HSA-SFT -> General OPD ->
-HSA-RL -> MTP adaptation -> HF export -> evaluation, each stage the launch module a user runs
-alone (`launch.<stage>.run`), called in-process.
+"""The HAT pipeline as one resumable, manifested run: base -> corpus -> HSA-SFT -> General OPD
+-> HSA-RL -> MTP adaptation -> HF export -> evaluation, each stage the launch module a user
+runs alone (`launch.<stage>.run`), called in-process.
 
 Only orchestration lives here: `wire` points each stage's input at the previous stage's output
-under the workdir (the SFT checkpoint is OPD's student and SFT's own initialisation its
-teacher; the last trained policy is the next stage's start; the export holds the final policy
-and the adapted head; evaluation reads the export). A stage is complete when
+under the workdir (the base, trained on general instructions by `launch.sft` in "general" mode
+and scored on the general set, is SFT's initialisation; the SFT checkpoint is OPD's student and
+SFT's own initialisation its teacher; the last trained policy is the next stage's start; the
+export holds the final policy and the adapted head; evaluation reads the export and compares
+itself, item by item, with the base's evaluation). A stage is complete when
 `<workdir>/<stage>/COMPLETE.json` exists: written atomically after the stage returned, it holds
 the stage's manifest entry. A complete stage is skipped; an interrupted one runs again and
 resumes from its own checkpoints (the trainer's, the corpus's finished splits, the evaluation's
@@ -32,8 +34,8 @@ import ml_collections
 from hat_jax import files
 from launch import _pipeline_report
 
-STAGES = ("corpus", "sft", "opd", "rl", "mtp", "export", "eval")
-TRAINED = ("sft", "opd", "rl")  # stages whose output is the next stage's policy
+STAGES = ("base", "corpus", "sft", "opd", "rl", "mtp", "export", "eval")
+TRAINED = ("base", "sft", "opd", "rl")  # stages whose output is the next stage's policy
 MARKER = "COMPLETE.json"
 MANIFEST = "manifest.json"
 _REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -75,6 +77,20 @@ def wire(c: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
     input."""
     stages = parse_stages(c.stages)
     out: dict[str, Any] = {}
+    base = _copy(c.base)
+    base.run_dir = str(workdir / "base")
+    base.data.corpus = str(workdir / "base" / "corpus")
+    base.data.eval_split = "dev" if base.general.dev else ""
+    base.evaluation = _copy(c.eval)  # the base on the sets `base_eval_sets` names
+    base.evaluation.update(dict(sets=c.base_eval_sets, run_dir=str(workdir / "base" / "eval"),
+                                baseline=""))  # fmt: skip
+    base.evaluation.policy.update(
+        dict(kind="jax", checkpoint=str(workdir / "base" / "checkpoints"))
+    )
+    for name in base.evaluation.sizes:  # only its own sets' fields (its config hash ignores others)
+        if name not in c.base_eval_sets.split(","):
+            base.evaluation.sizes[name], base.evaluation.versions[name] = 0, ""
+    out["base"] = base
     corpus = _copy(c.corpus)
     corpus.out = str(workdir / "corpus")
     out["corpus"] = corpus
@@ -87,6 +103,8 @@ def wire(c: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
         out["sft"].data.eval_split = "dev" if corpus.dev_scenarios else ""
         if out["mtp"].data.source == "corpus":  # the draft head learns the agent's prompts
             out["mtp"].data.corpus = corpus.out  # held out: its eval split (the corpus's dev)
+    if "base" in stages:  # SFT starts from the base
+        out["sft"].init.update(dict(kind="orbax", path=str(workdir / "base" / "checkpoints")))
     if "sft" in stages:  # the student is the SFT policy; its teacher, the model SFT started from
         out["opd"].policy.update(dict(kind="orbax", path=_policy_before("opd", stages, workdir)))
         sft = out["sft"]
@@ -104,6 +122,8 @@ def wire(c: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
     out["export"] = export
     if "export" in stages:
         out["eval"].policy.update(dict(kind="jax", checkpoint=export.out))
+    if "base" in stages and c.base_eval_sets and not out["eval"].baseline:
+        out["eval"].baseline = base.evaluation.run_dir  # paired deltas on the sets both ran
     return out
 
 
@@ -168,6 +188,32 @@ def _corpus(b: ml_collections.ConfigDict, mesh: Any) -> dict[str, Any]:
     return {"inputs": {}, "outputs": {"corpus": str(out)}, "versions": {"corpus": versions}}
 
 
+def _base(b: ml_collections.ConfigDict, mesh: Any) -> dict[str, Any]:
+    """The general-instruction corpus (kept when complete), the base trained on it (`launch.sft`
+    in "general" mode, resumed from its checkpoints), then its evaluation on `evaluation.sets`."""
+    import data
+
+    g = b.general
+    manifests = data.write_general_corpus(b.data.corpus, train=g.train, dev=g.dev, seed=g.seed)
+    entry = RUNNERS["sft"](b, mesh)
+    entry["inputs"] = {"corpus": b.data.corpus, "init": _source(b.init)}
+    sizes = ", ".join(f"{split} {m['records']}" for split, m in manifests.items())
+    floor = manifests["train"]["floor"]["prompt_strict"]
+    entry["result"]["summary"].insert(0, f"general corpus: {sizes} records (answers checked "
+                                      "against every constraint; on-topic answers that ignore "
+                                      f"the instructions score prompt-strict {floor:.3f})")  # fmt: skip
+    corpus = pathlib.Path(b.data.corpus)
+    entry["versions"] = {"general_corpus": {
+        split: {"manifest_sha256": _sha256(corpus / f"{split}.manifest.json"),
+                "records": m["records"]} for split, m in manifests.items()}}  # fmt: skip
+    if b.evaluation.sets:
+        evaluated = _eval(b.evaluation, mesh)
+        entry["outputs"]["eval"] = evaluated["outputs"]["report"]
+        entry["versions"].update(evaluated["versions"])
+        entry["result"]["summary"] += evaluated["result"]["summary"]
+    return entry
+
+
 def _source(part: ml_collections.ConfigDict) -> str:
     return f"{part.kind}:{part.path}"
 
@@ -224,6 +270,7 @@ def _eval(b: ml_collections.ConfigDict, mesh: Any) -> dict[str, Any]:
 
 # Each stage: (wired block, mesh) -> {"inputs", "outputs", and optionally "versions", "result"}.
 RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, Any], dict[str, Any]]] = {
+    "base": _base,
     "corpus": _corpus,
     "sft": _trained(
         "sft",

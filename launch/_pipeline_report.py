@@ -14,6 +14,7 @@ from hat_jax import files
 
 REPORT = "report.md"
 _TITLES = {
+    "base": "Base (general instructions)",
     "corpus": "Teacher corpus",
     "sft": "HSA-SFT",
     "opd": "General OPD",

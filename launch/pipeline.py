@@ -1,5 +1,5 @@
-"""The HAT pipeline as one resumable run with a manifest: corpus -> HSA-SFT -> General OPD ->
-HSA-RL -> MTP adaptation -> HF export -> evaluation.
+"""The HAT pipeline as one resumable run with a manifest: base -> corpus -> HSA-SFT -> General
+OPD -> HSA-RL -> MTP adaptation -> HF export -> evaluation.
 
   python -m launch.pipeline --config=configs/pipeline_demo.py [--workdir runs/demo]   # make demo
   python -m launch.pipeline --config=configs/ablations.py:fixed_sft_opd    # an ablation arm
@@ -31,6 +31,14 @@ def build(c, *, run_dir: str | None = None) -> dict:
     for name in _pipeline.parse_stages(c.stages):
         if name in ("sft", "opd", "rl", "mtp", "eval"):
             importlib.import_module(f"launch.{name}").build(wired[name])
+        if name == "base":  # `launch.sft` in "general" mode, then its evaluation
+            base = wired["base"]
+            if base.general.train < 1 or base.general.dev < 0:
+                raise ValueError(f"config.base.general: train >= 1 and dev >= 0 records, got "
+                                 f"train={base.general.train}, dev={base.general.dev}")  # fmt: skip
+            importlib.import_module("launch.sft").build(base)
+            if base.evaluation.sets:
+                importlib.import_module("launch.eval").build(base.evaluation)
     return wired
 
 

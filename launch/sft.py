@@ -2,6 +2,7 @@
 
   python -m launch.sft --config=configs/sft_demo.py            # tiny model, demo corpus
   python -m launch.sft --config=configs/sft_demo.py:fixed      # Fixed-Harness ablation
+  python -m launch.sft --config=configs/base_demo.py           # the base: general instructions
   python -m launch.sft --config=configs/sft_qwen3_6_35b_a3b.py \
       --config.init.path=/ckpt/Qwen3.6-35B-A3B --config.data.corpus=/data/corpus
 
@@ -25,7 +26,12 @@ from hat_jax import hsa, sharding, train
 from launch import _common
 
 _FLAGS: dict = {}
-_MODES = {"hsa": ("original+augmented", "augmented"), "fixed": ("original",)}
+# harness_mode -> the corpus states it trains on ("general": the base stage's instructions)
+_MODES = {
+    "hsa": ("original+augmented", "augmented"),
+    "fixed": ("original",),
+    "general": (data.GENERAL_STATES,),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +94,8 @@ def _check_corpus(c, built: Built) -> None:
         pathlib.Path(_required(c.data.corpus, "data.corpus")) / f"{c.data.split}.manifest.json"
     )
     if not manifest.is_file():
-        raise FileNotFoundError(f"{manifest} not found: build the corpus with launch.make_corpus")
+        maker = "launch.make_general" if c.data.harness_mode == "general" else "launch.make_corpus"
+        raise FileNotFoundError(f"{manifest} not found: build the corpus with {maker}")
     states = json.loads(manifest.read_text())["config"]["states"]
     if states not in _MODES[c.data.harness_mode]:
         raise ValueError(
@@ -97,6 +104,8 @@ def _check_corpus(c, built: Built) -> None:
         )
     if c.data.harness_mode == "fixed" and built.data.online_hsa.probability > 0:
         raise ValueError("the Fixed-Harness ablation needs data.online_hsa_probability=0")
+    if c.data.harness_mode == "general" and built.data.online_hsa.probability > 0:
+        raise ValueError("general instructions carry no Harness: data.online_hsa_probability=0")
 
 
 def run(c, *, run_dir: str | None = None, mesh=None) -> train.SFTResult:

@@ -73,23 +73,33 @@ def test_the_arms_cover_the_paper_and_every_hsa_dimension():
 
 
 def full_chain() -> object:
-    """The demo pipeline with every stage (the demo itself leaves out OPD: its base is random)."""
+    """The demo pipeline: every stage."""
     c = pipeline_demo.get_config()
-    c.stages = ",".join(_pipeline.STAGES)
+    assert _pipeline.parse_stages(c.stages) == _pipeline.STAGES
     return c
-
-
-def test_the_demo_leaves_out_opd_only():
-    stages = _pipeline.parse_stages(pipeline_demo.get_config().stages)
-    assert stages == tuple(s for s in _pipeline.STAGES if s != "opd")
 
 
 def test_each_stage_reads_the_previous_stages_output(tmp_path):
     c = full_chain()
     w = pipeline_launch.build(c, run_dir=str(tmp_path))
+    base = str(tmp_path / "base" / "checkpoints")
+    assert w["base"].data.corpus == str(tmp_path / "base" / "corpus")
+    assert (w["base"].data.harness_mode, w["base"].data.eval_split) == ("general", "dev")
+    assert (w["sft"].init.kind, w["sft"].init.path) == ("orbax", base)  # SFT starts from the base
     assert w["sft"].data.corpus == str(tmp_path / "corpus")
     assert w["opd"].policy.path == str(tmp_path / "sft" / "checkpoints")
-    assert (w["opd"].teacher.kind, w["opd"].teacher.seed) == ("random", c.sft.trainer.seed)
+    assert (w["opd"].teacher.kind, w["opd"].teacher.path) == ("orbax", base)  # OPD toward it
+    scored = w["base"].evaluation  # the base's own evaluation, the final one's baseline
+    assert (scored.sets, scored.policy.checkpoint) == ("general", base)
+    assert w["eval"].baseline == scored.run_dir == str(tmp_path / "base" / "eval")
+    assert scored.sets_dir == w["eval"].sets_dir and scored.sizes.general == c.eval.sizes.general
+    c.base.general.train = 0
+    with pytest.raises(ValueError, match="config.base.general: train >= 1"):
+        pipeline_launch.build(c, run_dir=str(tmp_path))
+    c.base.general.train = 4000
+    before = _pipeline._config_hash(w["base"])
+    c.eval.sizes.t1 = 3  # a set the base does not run: its config (and hash) is unchanged
+    assert _pipeline._config_hash(_pipeline.wire(c, tmp_path)["base"]) == before
     assert w["rl"].policy.path == str(tmp_path / "opd" / "checkpoints")
     assert (
         w["mtp"].policy.path == str(tmp_path / "rl" / "checkpoints") and not w["mtp"].export.hf_dir
@@ -105,6 +115,7 @@ def test_each_stage_reads_the_previous_stages_output(tmp_path):
     c.stages = "sft,mtp"  # without OPD and RL the SFT policy goes straight to MTP
     w = _pipeline.wire(c, tmp_path)
     assert w["mtp"].policy.path == str(tmp_path / "sft" / "checkpoints")
+    assert w["sft"].init.kind == "random" and not w["eval"].baseline  # no base stage
     assert w["sft"].data.corpus == c.sft.data.corpus  # no corpus stage: the block's own
     with pytest.raises(ValueError, match="unknown \\['nope'\\]"):
         _pipeline.parse_stages("sft,nope")
@@ -133,8 +144,9 @@ def fake_runners(monkeypatch):
 
 def test_complete_stages_are_skipped_and_a_failed_stage_is_named(fake_runners, tmp_path):
     c = full_chain()
-    m = _pipeline.run_pipeline(c, workdir=str(tmp_path), only="corpus,sft", log=lambda s: None)
-    assert fake_runners == ["corpus", "sft"] and m["status"] == "partial"
+    m = _pipeline.run_pipeline(c, workdir=str(tmp_path), only="base,corpus,sft",
+                               log=lambda s: None)  # fmt: skip
+    assert fake_runners == ["base", "corpus", "sft"] and m["status"] == "partial"
 
     def broken(block, mesh):
         raise ValueError("no teacher here")
@@ -142,13 +154,13 @@ def test_complete_stages_are_skipped_and_a_failed_stage_is_named(fake_runners, t
     _pipeline.RUNNERS["rl"] = broken
     with pytest.raises(_pipeline.StageFailed, match="stage 'rl' failed: ValueError: no teacher"):
         _pipeline.run_pipeline(c, workdir=str(tmp_path), log=lambda s: None)
-    assert fake_runners == ["corpus", "sft", "opd"]  # corpus and sft skipped
+    assert fake_runners == ["base", "corpus", "sft", "opd"]  # base, corpus and sft skipped
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["status"] == "failed" and m["failed_stage"] == "rl"
     assert m["entries"]["rl"]["error"] == "ValueError: no teacher here"
     assert not (tmp_path / "rl" / "COMPLETE.json").exists()
     assert (tmp_path / "opd" / "COMPLETE.json").exists() and (tmp_path / "sft" / "done").exists()
-    assert [i["skipped"] for i in m["invocations"]] == [[], ["corpus", "sft"]]
+    assert [i["skipped"] for i in m["invocations"]] == [[], ["base", "corpus", "sft"]]
     report = (tmp_path / "report.md").read_text()  # rewritten with the manifest
     assert "status **failed** (failed stage: `rl`)" in report
     assert "| rl | failed |" in report and "failed: ValueError: no teacher here" in report
@@ -208,8 +220,11 @@ def test_a_failed_stage_exits_non_zero_naming_it(tmp_path):
 def tiny_pipeline() -> object:
     """The whole pipeline at its smallest: 1-4 steps per stage, two scenarios, two one-item sets."""
     c = full_chain()
-    c.corpus.update(dict(num_scenarios=2, dev_scenarios=0, states_per_scenario=2, num_shards=1))
+    c.base.general.update(dict(train=24, dev=4))
     quiet = dict(log_every=1, eval_every=0, checkpoint_every=1, progress=False, plots=False)
+    c.base.trainer.update(dict(total_steps=2, batch_size=1, seq_len=256) | quiet)
+    c.base.optimizer.update(dict(warmup_steps=0, decay_steps=2))
+    c.corpus.update(dict(num_scenarios=2, dev_scenarios=0, states_per_scenario=2, num_shards=1))
     c.sft.trainer.update(dict(total_steps=1, batch_size=1, seq_len=5120) | quiet)
     c.sft.optimizer.update(dict(warmup_steps=0, decay_steps=1))
     c.opd.data.update(dict(heldout_instructions=4, max_prompt_len=44))
@@ -252,8 +267,8 @@ def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tm
     c.eval.sets_dir = str(tmp_path / "sets")
     mesh = sharding.make_mesh(sharding.MeshConfig(), **ONE_DEVICE)
     run = dict(workdir=str(tmp_path / "run"), mesh=mesh, log=lambda s: None)
-    # Stopped between stages: only the corpus and SFT ran.
-    _pipeline.run_pipeline(c, only="corpus,sft", **run)
+    # Stopped between stages: only the base, the corpus and SFT ran.
+    _pipeline.run_pipeline(c, only="base,corpus,sft", **run)
     sft_entry = json.loads((tmp_path / "run" / "sft" / "COMPLETE.json").read_text())
     # Killed inside OPD: a process running the rest gets SIGKILL once OPD's step-1
     # checkpoint is committed (its remaining steps keep it busy for a while after that).
@@ -274,7 +289,7 @@ def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tm
     m = _pipeline.run_pipeline(c, **run)
     assert m["status"] == "complete"
     assert [i["ran"] for i in m["invocations"]] == [
-        ["corpus", "sft"], ["opd"], ["opd", "rl", "mtp", "export", "eval"]
+        ["base", "corpus", "sft"], ["opd"], ["opd", "rl", "mtp", "export", "eval"]
     ]  # fmt: skip
     assert [i["status"] for i in m["invocations"]] == ["complete", "interrupted", "complete"]
     assert m["entries"]["sft"] == sft_entry  # skipped: its record is the first run's
@@ -288,9 +303,17 @@ def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tm
         v["corpus"]["train"]["records"] > 0 and len(v["corpus"]["train"]["manifest_sha256"]) == 64
     )
     assert set(v["eval_sets"]) == {"t1", "general"} and v["harness"]["version"]
+    assert v["general_corpus"]["train"]["records"] == 24
+    base = m["entries"]["base"]
+    assert base["outputs"]["eval"] == str(tmp_path / "run" / "base" / "eval" / "report.md")
+    assert m["entries"]["opd"]["inputs"]["teacher"].startswith(
+        f"orbax:{tmp_path / 'run' / 'base' / 'checkpoints'}"
+    )
     assert pathlib.Path(m["entries"]["export"]["outputs"]["hf_dir"], "config.json").is_file()
     assert (tmp_path / "run" / "eval" / "report.md").is_file()
     report = (tmp_path / "run" / "report.md").read_text()
     diff = float(re.search(r"max \|logits diff\| vs ours (\S+)", report).group(1))
     assert diff <= c.export.max_logit_diff  # the export stage reloaded it with transformers
     assert "### t1" in report and "](eval/plots/t1.png)" in report  # the eval's tables, linked
+    assert "Against the baseline" in report  # the general set, item by item against the base
+    assert "general corpus: train 24, dev 4 records (answers checked" in report

@@ -58,3 +58,27 @@ def test_the_fixed_harness_ablation_refuses_an_augmented_corpus(corpus, tmp_path
     c.data.corpus = str(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="launch.make_corpus"):
         sft.run(c, run_dir=str(tmp_path))
+
+
+def test_the_general_mode_trains_only_on_a_general_corpus(corpus, tmp_path):
+    import data
+    from configs import base_demo
+
+    c = base_demo.get_config()
+    c.data.corpus = str(corpus)  # an agent corpus
+    with pytest.raises(ValueError, match="harness_mode='general' but .* states='original"):
+        sft.run(c, run_dir=str(tmp_path))
+    general = tmp_path / "general"
+    data.write_general_corpus(general, train=8)
+    c.data.corpus = str(general)
+    c.data.online_hsa_probability = 0.5
+    with pytest.raises(ValueError, match="no Harness: data.online_hsa_probability=0"):
+        sft.run(c, run_dir=str(tmp_path))
+    c = sft_demo.get_config()  # HSA-SFT refuses the general corpus
+    c.data.corpus = str(general)
+    with pytest.raises(ValueError, match="generated with states='general'"):
+        sft.run(c, run_dir=str(tmp_path))
+    c = base_demo.get_config()
+    c.data.corpus = str(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="launch.make_general"):
+        sft.run(c, run_dir=str(tmp_path))
