@@ -13,6 +13,7 @@ bounded agent loop and trajectory records (paper §2.2-2.3). The live-commerce d
 
 from hat_jax.harness._checks import RUNTIME_CHECKS, sentences, to_speech
 from hat_jax.harness._deadline import call_with_deadline
+from hat_jax.harness._edits import HarnessEdit, apply_edit, load_edit, parse_edit
 from hat_jax.harness._errors import PolicyError, ToolDenied, ToolError, ToolTimeout
 from hat_jax.harness._frozen import FrozenDict, content_hash, freeze, thaw
 from hat_jax.harness._guard import find_all, fold, lexicon_problems, normalize_text
@@ -95,6 +96,7 @@ __all__ = [
     "Fallback",
     "FrozenDict",
     "Harness",
+    "HarnessEdit",
     "HarnessError",
     "HarnessState",
     "HookContext",
@@ -133,6 +135,7 @@ __all__ = [
     "Trajectory",
     "UserMessageFormat",
     "Verdict",
+    "apply_edit",
     "as_state",
     "bind_mcp_tools",
     "build_system_prompt",
@@ -146,7 +149,9 @@ __all__ = [
     "group_comments",
     "lexicon_problems",
     "load",
+    "load_edit",
     "normalize_text",
+    "parse_edit",
     "promote",
     "rank_faq",
     "read_manifest",
