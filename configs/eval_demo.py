@@ -59,6 +59,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         dict(max_rounds=4, budget_s=1e6, tool_timeout_s=5.0, max_calls_per_round=8)
     )
     c.baseline = ""  # another run's directory: paired comparisons in the report
+    # An edit file (prompt and Skill revisions, `hat_jax.harness.load_edit`) applied to the
+    # released Harness for this run: the same items under the edited Harness.
+    c.harness_edit = ""
     # The Final Evaluation Judge of T1/T2 (rule scorers when `endpoints` is empty): an odd
     # number of "base_url|model" entries, apart from the RL reward judge.
     c.judge = ml_collections.ConfigDict(

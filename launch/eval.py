@@ -13,7 +13,9 @@ directory), "teacher" (the scripted teacher, the ceiling), "rules" (the offline 
 "openai" (any OpenAI-compatible endpoint). `config.judge.endpoints` makes a panel of LLM judges
 the Final Evaluation Judge of T1/T2's Accuracy and Effectiveness (the rule scorers otherwise);
 `config.calibration.labels` (JSONL/CSV of item_id, dimension, label) writes the calibration of
-the rule scorer, the panel and each judge against those human labels. Sets are built once under `config.sets_dir` and
+the rule scorer, the panel and each judge against those human labels. `config.harness_edit`
+(an edit file, `hat_jax.harness.load_edit`) runs the same items under the released Harness with
+that revision of its prompt and Skills applied (the weights fixed), as Harness evolution does. Sets are built once under `config.sets_dir` and
 reused (`hat_jax.eval.ensure_sets`); a rerun with the same `run_dir` resumes. Writes
 `<run_dir>/items/<set>.jsonl`, `summary.json`, `report.md` and `plots/`.
 """
@@ -50,6 +52,7 @@ class Built:
     config: hev.RunConfig
     limits: hx.Limits
     baseline: str | None
+    harness_edit: hx.HarnessEdit | None = None
 
 
 def build(c, *, run_dir: str | None = None) -> Built:
@@ -83,6 +86,7 @@ def build(c, *, run_dir: str | None = None) -> Built:
         ),
         limits=hx.Limits(**c.limits.to_dict()),
         baseline=c.baseline or None,
+        harness_edit=hx.load_edit(c.harness_edit) if c.harness_edit else None,
     )
 
 
@@ -162,9 +166,12 @@ def run(c, *, run_dir: str | None = None) -> dict[str, Any]:
                               judge_on_failure=c.judge.on_failure)  # fmt: skip
     sets = hev.ensure_sets(b.sets, ctx, sets_dir=b.sets_dir, split=b.split, sizes=b.sizes,
                            seed=b.seed, versions=b.versions)  # fmt: skip
+    record: dict[str, Any] = {"sets_dir": str(b.sets_dir)}
+    if b.harness_edit is not None:  # the same items, under the edited Harness
+        ctx = dataclasses.replace(ctx, harness=hx.apply_edit(ctx.harness, b.harness_edit))
+        record["harness_edit"] = b.harness_edit.describe()
     summary = hev.evaluate(sets, policy_for(c.policy), kinds=hev.KINDS, ctx=ctx,
-                           run_dir=b.run_dir, config=b.config,
-                           record={"sets_dir": str(b.sets_dir)})  # fmt: skip
+                           run_dir=b.run_dir, config=b.config, record=record)  # fmt: skip
     hev.write_report(b.run_dir, baseline_dir=b.baseline)
     if c.calibration.labels:
         calibrate(c, b.run_dir)

@@ -14,7 +14,8 @@ never uses), `t3_tool` / `t3_prompt` (distractor tools; active instruction const
 541 official prompts, the official scorer, offline; the `eval` extra and
 `python -m hat_jax.eval.setup_ifeval`). Statistics: `paired_bootstrap`, `compare_runs`
 (refuses different set versions), `mean_interval`; judge calibration against human labels:
-`read_labels`, `calibration_report`. CLI: `python -m launch.eval`.
+`read_labels`, `calibration_report`. The Harness-edit test's automatic check: `host_wording`
+(is a reply the policy's own, worded as a live host speaks). CLI: `python -m launch.eval`.
 """
 
 from hat_jax.eval._calibration import calibration_report, read_labels, write_calibration
@@ -42,11 +43,14 @@ from hat_jax.eval._run import (
 )
 from hat_jax.eval._sets import DEFAULT_SIZES, KINDS, ensure_set, ensure_sets
 from hat_jax.eval._stats import Bootstrap, compare_runs, mean_interval, paired_bootstrap
+from hat_jax.eval._wording import CATEGORIES as WORDING_PROBLEMS
+from hat_jax.eval._wording import host_wording
 
 __all__ = [
     "DEFAULT_SIZES",
     "HELDOUT_BANK_DIR",
     "KINDS",
+    "WORDING_PROBLEMS",
     "BatchedPolicy",
     "Bootstrap",
     "EndpointPolicy",
@@ -66,6 +70,7 @@ __all__ = [
     "ensure_set",
     "ensure_sets",
     "evaluate",
+    "host_wording",
     "ifeval_prompt_hashes",
     "ifeval_prompts",
     "mean_interval",

@@ -136,6 +136,29 @@ def test_bad_inputs_are_named(checkpoint, tmp_path):
         eval_launch.run(c)
 
 
+def test_the_same_items_under_a_harness_edit(tmp_path):
+    from hat_jax import harness as hx
+    from hat_jax.eval import compare_runs
+
+    edit_file = REPO / "data" / "livestream" / "harness_edits" / "host-voice.yaml"
+    before = _config(tmp_path, "teacher")
+    before.sets = "t1"
+    eval_launch.run(before)
+    after = _config(tmp_path, "teacher")
+    after.update(dict(sets="t1", run_dir=str(tmp_path / "edited"), harness_edit=str(edit_file)))
+    summary = eval_launch.run(after)
+    edit = hx.load_edit(edit_file)
+    assert summary["run"]["harness_edit"] == edit.describe()
+    released = json.loads((tmp_path / "teacher" / "summary.json").read_text())["run"]["harness"]
+    assert summary["run"]["harness"] != released  # the edited Harness's own version
+    assert summary["sets"]["t1"]["metrics"]["avg"] == 1.0  # the teacher still solves them
+    paired = compare_runs(tmp_path / "teacher", tmp_path / "edited")  # the same items
+    assert paired["t1"]["avg"].n == SIZES["t1"]
+    after.harness_edit = str(tmp_path / "nowhere.yaml")
+    with pytest.raises(FileNotFoundError, match="Harness edit .*nowhere.yaml: no such file"):
+        eval_launch.run(after)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["simulate", "agent"])
 def test_simulate_and_agent_take_a_jax_checkpoint(checkpoint, tmp_path, script):
