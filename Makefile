@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # module's shared fixtures are built once. `make test TEST_WORKERS=0` runs in this process.
 TEST_WORKERS ?= auto
 
-.PHONY: demo test bench lint format lock clean
+.PHONY: demo reproduce test bench lint format lock clean
 
 $(STAMP): requirements.lock requirements-nodeps.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ $(STAMP): requirements.lock requirements-nodeps.lock pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m launch.pipeline --config=configs/pipeline_demo.py
+
+# The miniature reproduction of the paper's Table 3 (runs/reproduce/report.md).
+reproduce: $(STAMP)
+	$(PY) -m launch.reproduce --config=configs/reproduce.py
 
 test: $(STAMP)
 	$(FAKE_DEVICES) $(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadscope \

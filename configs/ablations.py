@@ -34,13 +34,15 @@ ARGS = (
 )  # fmt: skip
 
 
-def _fixed_sft(c: ml_collections.ConfigDict) -> None:
+def as_fixed_sft(c: ml_collections.ConfigDict) -> None:
+    """Fixed-Harness SFT: the original Harness's corpus and no online HSA (in place)."""
     c.corpus.states = "original"
     c.sft.data.harness_mode = "fixed"
     c.sft.data.online_hsa_probability = 0.0
 
 
-def _agentic_rl(c: ml_collections.ConfigDict) -> None:
+def as_agentic_rl(c: ml_collections.ConfigDict) -> None:
+    """Agentic RL: every episode under the original Harness (in place)."""
     c.rl.sim.original_fraction = 1.0
     c.rl.sim.hsa_dims = ""
 
@@ -53,13 +55,13 @@ def get_config(arm: str | None = None) -> ml_collections.ConfigDict:
     c.workdir = f"runs/ablations/{arm}"
     c.stages = _BASE_STAGES
     if arm.startswith("fixed_sft"):
-        _fixed_sft(c)
+        as_fixed_sft(c)
     if arm.endswith("_opd"):
         c.stages = _OPD_STAGES
     if arm.endswith("_rl"):
         c.stages = _RL_STAGES
     if arm.endswith("agentic_rl"):
-        _agentic_rl(c)
+        as_agentic_rl(c)
     if arm.startswith("hsa_dim_"):
         c.corpus.hsa_dims = c.sft.data.online_hsa_dims = arm.removeprefix("hsa_dim_")
     return c

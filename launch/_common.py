@@ -60,7 +60,10 @@ def check_kind(kind: str, name: str, kinds: tuple[str, ...] = KINDS) -> None:
 
 
 def _exists(path: str) -> bool:
-    return bool(path) and pathlib.Path(path).exists()
+    """The path holds something: a file, or a folder that is not empty (a run's `checkpoints/`
+    folder exists, empty, from its start until its first checkpoint is committed)."""
+    p = pathlib.Path(path) if path else None
+    return p is not None and p.exists() and (not p.is_dir() or any(p.iterdir()))
 
 
 def model_config(
@@ -106,7 +109,8 @@ def require(source: tuple[str, str], name: str) -> str:
     kind, path = source
     check_kind(kind, name)
     if kind != "random" and not _exists(path):
-        raise FileNotFoundError(f"config.{name}.path={path!r} does not exist ({name} kind {kind})")
+        raise FileNotFoundError(f"config.{name}.path={path!r} does not exist or is empty "
+                                f"({name} kind {kind})")  # fmt: skip
     return kind
 
 

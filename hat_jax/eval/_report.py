@@ -66,7 +66,7 @@ def plot_name(set_name: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', set_name)}.png"
 
 
-def _intervals(
+def set_intervals(
     run_dir: pathlib.Path, name: str, metrics: Sequence[str], resamples: int, seed: int
 ) -> dict[str, Interval]:
     """Bootstrap intervals of each metric's mean ({} when the run kept no item scores)."""
@@ -146,7 +146,7 @@ def _comparison_table(results: Mapping[str, Bootstrap], resamples: int) -> list[
     return lines
 
 
-def _plot(
+def bar_plot(
     path: pathlib.Path,
     title: str,
     metrics: Sequence[str],
@@ -216,7 +216,7 @@ def write_report(
     ]
     for name, entry in summary["sets"].items():
         metrics = list(entry["metrics"])
-        intervals = _intervals(run_dir, name, metrics, resamples, seed)
+        intervals = set_intervals(run_dir, name, metrics, resamples, seed)
         lines += [
             "",
             f"## {name}",
@@ -236,14 +236,14 @@ def write_report(
             if name in compared and compared[name]:
                 lines += _comparison_table(compared[name], resamples)
                 base_entry = base_summary["sets"][name]
-                base_intervals = _intervals(base, name, metrics, resamples, seed)
+                base_intervals = set_intervals(base, name, metrics, resamples, seed)
                 runs.insert(0, ("baseline", base_entry["metrics"], base_intervals))
             elif name in compared:
                 lines.append("Neither run finished an item of this set.")
             else:
                 lines.append("The baseline did not evaluate this set.")
         plot = run_dir / PLOTS_DIR / plot_name(name)
-        _plot(plot, f"{name} ({entry['version']}, n={entry.get('n', '-')})", metrics, runs)
+        bar_plot(plot, f"{name} ({entry['version']}, n={entry.get('n', '-')})", metrics, runs)
         lines += ["", f"![{name}]({PLOTS_DIR}/{plot.name})"]
     for name, reason in summary.get("skipped", {}).items():
         lines += ["", f"## {name}", "", f"Not evaluated: {reason}."]

@@ -1,0 +1,67 @@
+"""The miniature reproduction of the paper's Table 3 on the tiny model (one CPU machine).
+
+  make reproduce  =  python -m launch.reproduce --config=configs/reproduce.py [--workdir ...]
+
+Arms (`launch._reproduce.NODES`; `arms` picks them, each listed with the arm it starts from):
+the base; Fixed-SFT and HSA-SFT from it; each + General OPD toward the base; Fixed-SFT + OPD +
+Agentic RL and HSA-SFT + OPD + HSA-RL (`fixed_sft_opd_hsa_rl` and `hsa_sft_opd_agentic_rl`,
+the crossed RL arms, can be added). A stage two arms share runs once. Every arm's policy is
+evaluated on the same versions of `sets`; `runs/reproduce/report.md` holds the scores with
+bootstrap intervals, the paired comparisons, which of the paper's effects reproduce, and the
+held-out Harness-edit test (`edit_test`).
+
+Each stage's block is the demo's (`configs/pipeline_demo.py`), resized: SFT runs longer than in
+`make demo` and the sets are larger, so intervals are narrower; the whole run is sized to take
+well under the 2-hour budget on two CPU cores.
+"""
+
+import pathlib
+
+import ml_collections
+
+from configs import pipeline_demo
+
+# The bundled candidate edits of Harness v0's prompt and Skills.
+EDITS_DIR = pathlib.Path(__file__).resolve().parents[1] / "data" / "livestream" / "harness_edits"
+
+ARGS = (None,)
+ARMS = (
+    "base,fixed_sft,hsa_sft,fixed_sft_opd,hsa_sft_opd,fixed_sft_opd_agentic_rl,hsa_sft_opd_hsa_rl"
+)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    if arg:
+        raise ValueError(f"reproduce: takes no variant, got {arg!r}")
+    c = ml_collections.ConfigDict()
+    c.stage = "reproduce"
+    c.workdir = "runs/reproduce"
+    c.arms = ARMS
+    c.sets = "t1,t2,t3_tool,t3_prompt,general"
+    # Paired bootstrap of every comparison (and the per-arm intervals).
+    c.resamples = 10_000
+    c.seed = 0
+    # "Level" (HSA-SFT vs Fixed-SFT on T1): the interval of the delta within +-this (x1, not x100).
+    c.level_margin = 0.05
+    # An effect on T1/T2 needs an arm that does the task: below this mean Effectiveness in both
+    # arms the verdict is "task not learned", whatever the interval.
+    c.min_effectiveness = 0.1
+    p = pipeline_demo.get_config()
+    p.corpus.num_scenarios = 200  # x 2 states: SFT sees each episode about once in 96 steps
+    p.sft.trainer.update(dict(total_steps=96, eval_every=48, checkpoint_every=48))
+    p.sft.optimizer.update(dict(warmup_steps=8, decay_steps=96))
+    p.eval.sizes.update(dict(t1=24, t2=24, t3_tool=12, t3_prompt=12, general=40))
+    c.pipeline = p
+    # The held-out Harness-edit test (paper §5.5; `launch._edit_test`): candidate prompt/Skill
+    # edits chosen on dev cases, frozen, applied unchanged to these arms' checkpoints (Fixed-
+    # Harness SFT and HAT, as in the paper); error counts on held-out cases before and after.
+    # arms="" skips it.
+    c.edit_test = ml_collections.ConfigDict(
+        dict(
+            arms="fixed_sft,hsa_sft_opd_hsa_rl",
+            candidates=str(EDITS_DIR),  # edit files and/or folders of them, comma-separated
+            dev_cases=16,  # scenarios of the dev split the edit is chosen on
+            heldout_cases=32,  # scenarios of the test split it is measured on
+        )
+    )
+    return c
