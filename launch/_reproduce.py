@@ -32,6 +32,8 @@ from launch import _pipeline
 
 MANIFEST = "reproduce.json"
 _SFT_STAGES = "corpus,sft,eval"
+# What `effect_verdict` can say of one of the paper's effects.
+VERDICTS = ("reproduces", "opposite", "not shown", "task not learned", "not run")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 
 from configs import reproduce
 from hat_jax import files, sharding
-from launch import _pipeline, _reproduce
+from launch import _pipeline, _reproduce, _reproduce_report
 from launch import reproduce as reproduce_launch
 
 sys.path.append(str(pathlib.Path(__file__).parent))  # the pipeline test's tiny stage blocks
@@ -108,6 +108,8 @@ def test_an_agent_effect_needs_an_arm_that_does_the_task():
     assert got["verdict"] == "task not learned" and got["effectiveness"] == [0.0, 0.05]
     got = _reproduce.effect_verdict(e, level, 0.05, {"a": 0.0, "b": 0.4}, 0.1)
     assert got["verdict"] == "reproduces"
+    # The report words every verdict the tree can give.
+    assert set(_reproduce_report._VERDICTS) == set(_reproduce.VERDICTS)
 
 
 def test_recovery_needs_half_the_loss_back():
@@ -304,8 +306,7 @@ def test_the_tree_on_the_tiny_model(tmp_path):
     versions = {json.loads(pathlib.Path(e["eval"], "summary.json").read_text())["sets"]["t1"]
                 ["version"] for e in m["arms"].values()}  # fmt: skip
     assert len(versions) == 1  # every arm on the same items
-    assert {e["verdict"] for e in m["effects"]} <= {"reproduces", "opposite", "not shown",
-                                                    "not run"}  # fmt: skip
+    assert {e["verdict"] for e in m["effects"]} <= set(_reproduce.VERDICTS)
     assert all(e["verdict"] == "not run" for e in m["effects"] if e["set"] == "t2")  # not run
     assert m["comparisons"]["base|hsa_sft"]["general"]["n"] == 2
     # A second run skips every complete stage (resumable), and reports the same.
