@@ -8,7 +8,8 @@ Public API:
     Online Harness-State Augmentation of stored conversations (`data._rerender`):
         rerender, RerenderError, pin_constraints, loaded_skills
     Records to token rows (`data._examples`):
-        RenderOptions, Prepared, prepare, decode_record, TRUNCATION_POLICIES
+        RenderOptions, Prepared, prepare, decode_record, record_conversation,
+        TRUNCATION_POLICIES
     Corpus records and files (`data._records`):
         CORPUS_SCHEMA, corpus_record, state_info, CorpusWriter, write_json
     The teacher corpus (`data._corpus`; CLI `python -m launch.make_corpus`):
@@ -45,7 +46,14 @@ from data._corpus import STATE_MODES, CorpusConfig, CorpusStats, TeacherConfig, 
 from data._corpus import Outcome as CorpusOutcome
 from data._corpus import generate as generate_corpus
 from data._corpus import scenario_ids as corpus_scenario_ids
-from data._examples import TRUNCATION_POLICIES, Prepared, RenderOptions, decode_record, prepare
+from data._examples import (
+    TRUNCATION_POLICIES,
+    Prepared,
+    RenderOptions,
+    decode_record,
+    prepare,
+    record_conversation,
+)
 from data._general import STATES as GENERAL_STATES
 from data._general import generate as generate_general
 from data._general import respond as respond_general
@@ -120,6 +128,7 @@ __all__ = [
     "clean_retries",
     "corpus_record",
     "decode_record",
+    "record_conversation",
     "has_retries",
     "load_instructions",
     "pass_rates",

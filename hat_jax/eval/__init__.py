@@ -15,10 +15,13 @@ never uses), `t3_tool` / `t3_prompt` (distractor tools; active instruction const
 `python -m hat_jax.eval.setup_ifeval`). Statistics: `paired_bootstrap`, `compare_runs`
 (refuses different set versions), `mean_interval`; judge calibration against human labels:
 `read_labels`, `calibration_report`. The Harness-edit test's automatic check: `host_wording`
-(is a reply the policy's own, worded as a live host speaks). CLI: `python -m launch.eval`.
+(is a reply the policy's own, worded as a live host speaks). Teacher-forced tool choice on
+gold conversations, where a policy that fails the sets is stuck: `tool_choice`
+(`python -m launch.tool_choice`). CLI: `python -m launch.eval`.
 """
 
 from hat_jax.eval._calibration import calibration_report, read_labels, write_calibration
+from hat_jax.eval._decisions import format_tool_choice, model_logits_fn, tool_choice
 from hat_jax.eval._ifeval import (
     IFEvalSetupError,
     ifeval_prompt_hashes,
@@ -70,7 +73,10 @@ __all__ = [
     "ensure_set",
     "ensure_sets",
     "evaluate",
+    "format_tool_choice",
     "host_wording",
+    "model_logits_fn",
+    "tool_choice",
     "ifeval_prompt_hashes",
     "ifeval_prompts",
     "mean_interval",

@@ -1,0 +1,213 @@
+"""Teacher-forced tool choice: given the gold conversation up to a tool call, does the policy
+name the gold tool?
+
+An episode score says whether a policy does the task; this says where one that does not is
+stuck. For every trained tool call of a set of conversations (e.g. a corpus's dev split), the
+tokens of the called function's name are scored teacher-forced: the call counts as chosen
+right when the policy's argmax at each of those tokens is the gold token, i.e. greedy decoding
+from the gold prefix would write the gold name. Calls are grouped by gold name, by the
+assistant turn they belong to (1 = the first reply to the viewer), and by their place in the
+turn (the first call, or a later one after other calls of the same turn), and the most common
+confusions are listed. A policy that has learned the output format but not the decision
+(e.g. it calls the first turn's tool in every turn) shows here as high accuracy on turn 1's
+first call and near zero elsewhere.
+
+The policy is any `logits_fn(ids: int32[1, T]) -> float[1, T, V]`; `model_logits_fn` wraps a
+`models.Qwen`. Rows follow the training rows (`data.split_rows`), so a call is scored in the
+context it was trained in.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from hat_jax import chat_format
+
+_CALL = re.compile(r"<function=([^>\n]*)>")
+_TURN = "<|im_start|>assistant"
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSite:
+    """One trained tool call in a token row.
+
+    Attributes:
+      name: the gold function name.
+      tokens: the row positions of the tokens that spell the name (a token that also holds
+        the `=` before it counts: the model must predict it).
+      turn: the assistant turn, 1-based within the row's conversation.
+      index: the call's place in its turn, 0 = the first.
+    """
+
+    name: str
+    tokens: tuple[int, ...]
+    turn: int
+    index: int
+
+
+def call_sites(text: str, offsets: list[tuple[int, int]], loss_mask: list[int]) -> list[CallSite]:
+    """The trained tool calls of one rendered row.
+
+    Args:
+      text: the rendered text.
+      offsets: each token's character span in `text`.
+      loss_mask: 1 on the assistant's (trained) tokens.
+
+    Raises:
+      ValueError: the offsets and the mask differ in length.
+    """
+    if len(offsets) != len(loss_mask):
+        raise ValueError(f"offsets ({len(offsets)}) and loss_mask ({len(loss_mask)}) differ")
+    starts = np.array([s for s, _ in offsets], dtype=np.int64)
+    ends = np.array([e for _, e in offsets], dtype=np.int64)
+    turn_starts = [m.start() for m in re.finditer(re.escape(_TURN), text)]
+    sites: list[CallSite] = []
+    per_turn: collections.Counter[int] = collections.Counter()
+    for match in _CALL.finditer(text):
+        lo, hi = match.span(1)
+        if hi <= lo:
+            continue
+        # tokens overlapping [lo, hi)
+        idx = np.nonzero((starts < hi) & (ends > lo))[0]
+        if not len(idx) or not all(loss_mask[i] for i in idx):
+            continue  # a call in a prompt turn or an untrained (weight 0) turn
+        turn = sum(1 for t in turn_starts if t < match.start())
+        sites.append(CallSite(match.group(1), tuple(int(i) for i in idx), turn, per_turn[turn]))
+        per_turn[turn] += 1
+    return sites
+
+
+@dataclasses.dataclass
+class _Tally:
+    calls: int = 0
+    right: int = 0
+
+    def add(self, ok: bool) -> None:
+        self.calls += 1
+        self.right += int(ok)
+
+    def as_dict(self) -> dict[str, Any]:
+        acc = self.right / self.calls if self.calls else float("nan")
+        return {"calls": self.calls, "right": self.right, "accuracy": acc}
+
+
+def tool_choice(
+    logits_fn: Callable[[np.ndarray], Any],
+    conversations: Iterable[Any],
+    tokenizer: Any,
+    *,
+    enable_thinking: bool = True,
+    max_len: int = 0,
+    confusions: int = 10,
+) -> dict[str, Any]:
+    """Teacher-forced tool-choice accuracy of a policy on conversations.
+
+    Args:
+      logits_fn: `int32[1, T] -> [1, T, V]` next-token logits.
+      conversations: `data.Conversation`s (records' conversations, e.g. a corpus split).
+      tokenizer: a fast tokenizer (character offsets).
+      enable_thinking: the thinking mode the conversations were generated in.
+      max_len: > 0 skips rows longer than this (counted as `skipped_rows`).
+      confusions: how many of the commonest wrong choices to list.
+
+    Returns:
+      `{"calls", "right", "accuracy", "by_name", "by_turn", "by_index", "confusions",
+      "rows", "skipped_rows"}`; `by_index` keys are "first" and "later" (calls after another
+      in the same turn); a confusion is `{"gold", "predicted", "count"}` with the predicted
+      name decoded from the argmax tokens.
+    """
+    import data  # the training rows' own split
+
+    total, names, turns, index = _Tally(), {}, {}, {"first": _Tally(), "later": _Tally()}
+    wrong: collections.Counter[tuple[str, str]] = collections.Counter()
+    rows = skipped = 0
+    for conv in conversations:
+        for row in data.split_rows(conv, enable_thinking=enable_thinking):
+            rendered = chat_format.render_tokens(
+                row.messages, tokenizer, row.tools, enable_thinking=enable_thinking
+            )
+            if max_len and len(rendered.ids) > max_len:
+                skipped += 1
+                continue
+            enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
+            if list(enc["input_ids"]) != list(rendered.ids):
+                raise ValueError(f"{conv.id}: the tokenizer's offsets do not match the row's ids")
+            sites = call_sites(rendered.text, list(enc["offset_mapping"]), rendered.loss_mask)
+            if not sites:
+                continue
+            rows += 1
+            ids = np.asarray(rendered.ids, dtype=np.int32)
+            logits = np.asarray(logits_fn(ids[None]))[0]
+            predicted = logits.argmax(-1)  # predicted[i] is the guess for token i + 1
+            for site in sites:
+                guess = [int(predicted[i - 1]) for i in site.tokens]
+                ok = guess == [int(ids[i]) for i in site.tokens]
+                total.add(ok)
+                names.setdefault(site.name, _Tally()).add(ok)
+                turns.setdefault(site.turn, _Tally()).add(ok)
+                index["first" if site.index == 0 else "later"].add(ok)
+                if not ok:
+                    wrong[(site.name, _guessed_name(tokenizer, guess))] += 1
+    return total.as_dict() | {
+        "by_name": {k: v.as_dict() for k, v in sorted(names.items())},
+        "by_turn": {str(k): v.as_dict() for k, v in sorted(turns.items())},
+        "by_index": {k: v.as_dict() for k, v in index.items()},
+        "confusions": [
+            {"gold": gold, "predicted": guess, "count": n}
+            for (gold, guess), n in wrong.most_common(confusions)
+        ],
+        "rows": rows,
+        "skipped_rows": skipped,
+    }
+
+
+def _guessed_name(tokenizer: Any, guess: list[int]) -> str:
+    text = tokenizer.decode(guess)
+    return text[1:] if text.startswith("=") else text
+
+
+def model_logits_fn(model: Any, *, bucket: int = 512) -> Callable[[np.ndarray], np.ndarray]:
+    """A jitted `logits_fn` over a `models.Qwen`: rows are padded at the end to a multiple of
+    `bucket` (causal, so the padding changes no logit of the row) to bound recompilations."""
+    import jax
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, ids, segments):
+        return nnx.merge(graphdef, state)(ids, segment_ids=segments).logits
+
+    def logits_fn(ids: np.ndarray) -> np.ndarray:
+        n = ids.shape[1]
+        padded = np.zeros((ids.shape[0], -(-n // bucket) * bucket), dtype=np.int32)
+        padded[:, :n] = ids
+        segments = np.zeros_like(padded)
+        segments[:, :n] = 1  # 0: padding
+        return np.asarray(forward(state, padded, segments))[:, :n]
+
+    return logits_fn
+
+
+def format_tool_choice(report: Mapping[str, Any]) -> str:
+    """A plain-text table of a `tool_choice` report."""
+
+    def line(label: str, t: Mapping[str, Any]) -> str:
+        return f"  {label:<28} {t['right']:>5}/{t['calls']:<5} {100 * t['accuracy']:6.1f}%"
+
+    out = [line("all calls", report)]
+    out += [line(f"turn {k}", v) for k, v in report["by_turn"].items()]
+    out += [line(f"{k} call of its turn", v) for k, v in report["by_index"].items() if v["calls"]]
+    out += [line(name, v) for name, v in report["by_name"].items()]
+    if report["confusions"]:
+        out.append("  commonest wrong choices (gold -> predicted):")
+        out += [
+            f"    {c['gold']} -> {c['predicted']!r}: {c['count']}" for c in report["confusions"]
+        ]
+    return "\n".join(out)

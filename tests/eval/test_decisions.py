@@ -1,0 +1,192 @@
+"""Teacher-forced tool choice (`hat_jax.eval.tool_choice`): where the calls are, how they are
+scored, and that the model wrapper's padding changes no logit."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import data
+import models
+from data.tokenizer import load_tokenizer
+from hat_jax import chat_format
+from hat_jax import eval as hev
+from hat_jax.eval import _decisions
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The {name} tool.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+        },
+    }
+    for name in ("load_skill", "search_products", "reply_public")
+]
+
+
+def _call(name, i, **arguments):
+    return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _conversation(cid="a", prompt_call=False):
+    """Turn 1: load_skill then search_products; turn 2: reply_public. With `prompt_call`, an
+    earlier untrained (weight 0) turn also calls reply_public."""
+    msgs = [
+        {"role": "system", "content": "You host a live room."},
+        {"role": "user", "content": "Does the red lipstick come in a smaller size?"},
+    ]
+    if prompt_call:
+        msgs += [
+            {
+                "role": "assistant",
+                "content": "",
+                "weight": 0,
+                "reasoning_content": "too early",
+                "tool_calls": [_call("reply_public", 0, x="hm")],
+            },  # fmt: skip
+            {"role": "tool", "content": '{"error": "no Skill loaded"}'},
+        ]
+    msgs += [
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "Load product-qa; call search_products.",
+            "tool_calls": [_call("load_skill", 1, x="product-qa"), _call("search_products", 2)],
+        },
+        {"role": "tool", "content": "Skill loaded."},
+        {"role": "tool", "content": '{"products": ["lip-01"]}'},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "Answer.",
+            "tool_calls": [_call("reply_public", 3, x="Yes, a 2g mini.")],
+        },
+    ]
+    return data.Conversation(id=cid, messages=msgs, tools=TOOLS)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+def _rows(conv, tokenizer):
+    out = []
+    for row in data.split_rows(conv):
+        rendered = chat_format.render_tokens(row.messages, tokenizer, row.tools)
+        enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
+        out.append((rendered, list(enc["offset_mapping"])))
+    return out
+
+
+def test_call_sites_find_trained_calls_by_turn_and_place(tokenizer):
+    ((rendered, offsets),) = _rows(_conversation(prompt_call=True), tokenizer)
+    sites = _decisions.call_sites(rendered.text, offsets, rendered.loss_mask)
+    # the weight-0 turn's reply_public is context, not a trained call
+    assert [(s.name, s.turn, s.index) for s in sites] == [
+        ("load_skill", 2, 0), ("search_products", 2, 1), ("reply_public", 3, 0)
+    ]  # fmt: skip
+    for site in sites:
+        spelled = tokenizer.decode([rendered.ids[i] for i in site.tokens])
+        assert spelled.lstrip("=") == site.name
+        assert all(rendered.loss_mask[i] for i in site.tokens)
+    with pytest.raises(ValueError, match="differ"):
+        _decisions.call_sites(rendered.text, offsets[:-1], rendered.loss_mask)
+
+
+def _oracle(wrong_names=(), tokenizer=None, guess=None):
+    """Predicts each next token, except at the name tokens of `wrong_names` (predicts `guess`)."""
+
+    def logits_fn(ids):
+        ids = ids[0]
+        logits = np.zeros((1, len(ids), 4096), np.float32)
+        logits[0, np.arange(len(ids) - 1), ids[1:]] = 1.0
+        if wrong_names:
+            text = tokenizer.decode(ids.tolist())
+            enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            mask = [1] * len(ids)
+            for site in _decisions.call_sites(text, list(enc["offset_mapping"]), mask):
+                if site.name in wrong_names:
+                    first = site.tokens[0]
+                    logits[0, first - 1] = 0.0
+                    logits[0, first - 1, guess] = 1.0
+        return logits
+
+    return logits_fn
+
+
+def test_tool_choice_scores_by_name_turn_and_place(tokenizer):
+    convs = [_conversation("a"), _conversation("b")]
+    perfect = hev.tool_choice(_oracle(), convs, tokenizer)
+    assert (perfect["calls"], perfect["right"], perfect["accuracy"]) == (6, 6, 1.0)
+    assert perfect["confusions"] == [] and perfect["rows"] == 2
+
+    ((rendered, offsets),) = _rows(convs[0], tokenizer)
+    load = _decisions.call_sites(rendered.text, offsets, rendered.loss_mask)[0]
+    guess = rendered.ids[load.tokens[0]]  # the first token of "load_skill"
+    report = hev.tool_choice(_oracle({"reply_public"}, tokenizer, guess), convs, tokenizer)
+    assert (report["calls"], report["right"]) == (6, 4)
+    assert report["by_name"]["reply_public"] == {"calls": 2, "right": 0, "accuracy": 0.0}
+    assert report["by_name"]["load_skill"]["accuracy"] == 1.0
+    assert report["by_turn"] == {
+        "1": {"calls": 4, "right": 4, "accuracy": 1.0},
+        "2": {"calls": 2, "right": 0, "accuracy": 0.0},
+    }
+    assert report["by_index"]["later"] == {"calls": 2, "right": 2, "accuracy": 1.0}
+    (confusion,) = report["confusions"]
+    assert confusion["gold"] == "reply_public" and confusion["count"] == 2
+    assert "load" in confusion["predicted"]
+    text = hev.format_tool_choice(report)
+    assert "reply_public" in text and "4/6" in text
+
+    skipped = hev.tool_choice(_oracle(), convs, tokenizer, max_len=10)
+    assert skipped["calls"] == 0 and skipped["skipped_rows"] == 2
+
+
+@pytest.mark.slow
+def test_model_logits_fn_padding_changes_no_logit():
+    config = models.PRESETS["tiny"].replace(vocab_size=256)
+    model = models.Qwen(config, rngs=nnx.Rngs(0))
+    ids = np.asarray(jax.random.randint(jax.random.key(1), (1, 37), 1, 256), np.int32)
+    want = np.asarray(model(ids).logits)
+    got = hev.model_logits_fn(model, bucket=16)(ids)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_launch_tool_choice_from_the_command_line(tmp_path, tokenizer):
+    """A random tiny checkpoint scored on a JSONL split of two conversations: a report per
+    checkpoint in the JSON, and a missing checkpoint named."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    from hat_jax.checkpoint import save_params
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    config = models.QwenConfig.preset("tiny").replace(vocab_size=-(-len(tokenizer) // 128) * 128)
+    model = models.Qwen(config, rngs=nnx.Rngs(0))
+    save_params(tmp_path / "ckpt", nnx.state(model, nnx.Param), model_config=config.to_dict())
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    records = [{"id": c.id, "messages": c.messages, "tools": c.tools}
+               for c in (_conversation("a"), _conversation("b"))]  # fmt: skip
+    (corpus / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    cmd = [sys.executable, "-m", "launch.tool_choice", f"--corpus={corpus}",
+           f"--out={tmp_path / 'choice.json'}"]  # fmt: skip
+    done = subprocess.run(cmd + [f"--checkpoints={tmp_path / 'ckpt'}"], cwd=repo,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "all calls" in done.stdout and "turn 2" in done.stdout
+    out = json.loads((tmp_path / "choice.json").read_text())
+    report = out["reports"][str(tmp_path / "ckpt")]
+    assert out["records"] == 2 and report["calls"] == 6 and report["rows"] == 2
+    assert set(report["by_name"]) == {"load_skill", "search_products", "reply_public"}
+
+    missing = subprocess.run(cmd + [f"--checkpoints={tmp_path / 'nope'}"], cwd=repo,
+                             capture_output=True, text=True)  # fmt: skip
+    assert missing.returncode != 0 and "nope does not exist" in missing.stderr
