@@ -25,7 +25,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The corpus `launch.make_general` (or the pipeline's base stage) writes.
     c.general = ml_collections.ConfigDict(dict(train=4000, dev=200, seed=0))
     c.data.update(dict(harness_mode="general", corpus="runs/demo/base/corpus",
-                       online_hsa_probability=0.0))  # fmt: skip
+                       online_hsa_probability=0.0, tool_choice_records=0))  # fmt: skip
     # 120 steps of 8 rows x 1,024 tokens (about 40 answers per step; ~1 s a step on two CPU
     # cores). Measured at 150 steps: general set (40 items, thinking on) prompt-strict 22.5,
     # instruction-strict 48.8, against 10.0 / 17.7 for on-topic answers that ignore every

@@ -53,6 +53,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             corpus="runs/demo/corpus" if mode == "hsa" else "runs/demo/corpus_fixed",
             split="train",
             eval_split="dev",
+            # > 0: with the eval loss, the teacher-forced tool choice on this many eval records
+            # (`hat_jax.eval.tool_choice`: would greedy decoding name the gold tool?), logged
+            # as eval/tool_choice*; one process only (0 on a cluster: `launch.tool_choice`)
+            tool_choice_records=16,
             online_hsa_probability=0.5 if mode == "hsa" else 0.0,
             online_hsa_dims="all",  # the dimensions online HSA draws from, e.g. "skill_id,hook"
             tokenizer_dir="",

@@ -16,12 +16,14 @@ import dataclasses
 import json
 import pathlib
 
+import jax
 from absl import app
 from flax import nnx
 
 import data
 import models
 from data.tokenizer import load_tokenizer
+from hat_jax import eval as hev
 from hat_jax import hsa, sharding, train
 from launch import _common
 
@@ -44,6 +46,7 @@ class Built:
     eval_data: data.PipelineConfig | None
     init: tuple[str, str]
     run_dir: pathlib.Path
+    tool_choice_records: int = 0
 
 
 def _required(value: str, name: str) -> str:
@@ -71,6 +74,14 @@ def build(c, *, run_dir: str | None = None) -> Built:
     evaluation = None
     if c.data.eval_split:
         evaluation = data.PipelineConfig(split=c.data.eval_split, shuffle=False, **pipeline)
+    choice = c.data.get("tool_choice_records", 0)
+    if choice < 0:
+        raise ValueError(f"config.data.tool_choice_records={choice}: must be >= 0")
+    if choice and c.data.harness_mode == "general":
+        raise ValueError(
+            "config.data.tool_choice_records > 0 scores tool calls, which general instructions "
+            "do not make: set it to 0 for harness_mode='general'"
+        )
     coef = c.aux_loss_coef if c.aux_loss_coef >= 0 else model.router_aux_loss_coef
     return Built(
         sft=train.SFTConfig(
@@ -85,7 +96,29 @@ def build(c, *, run_dir: str | None = None) -> Built:
         eval_data=evaluation,
         init=init,
         run_dir=pathlib.Path(run_dir or c.run_dir),
+        tool_choice_records=choice if c.data.eval_split else 0,  # runs with the eval loss
     )
+
+
+def _tool_choice(c, built: Built) -> list:
+    """The teacher-forced tool choice on the first eval records (`hat_jax.eval.tool_choice`),
+    logged as `eval/tool_choice*` with the eval loss."""
+    if not built.tool_choice_records:
+        return []
+    if jax.process_count() > 1:
+        raise ValueError(
+            "config.data.tool_choice_records > 0 runs on one process; set it to 0 on a cluster "
+            "and score checkpoints with launch.tool_choice"
+        )
+    source = data.open_source([c.data.corpus], c.data.eval_split)
+    conversations = []
+    for i in range(min(len(source), built.tool_choice_records)):
+        record = data.decode_record(source[i])
+        conversations.append(data.record_conversation(record, str(record.get("id") or i)))
+    if not conversations:
+        raise ValueError(f"{c.data.corpus}: no {c.data.eval_split} records for tool choice")
+    tokenizer = load_tokenizer(built.data.tokenizer_dir)
+    return [hev.tool_choice_evaluation(conversations, tokenizer)]
 
 
 def _check_corpus(c, built: Built) -> None:
@@ -120,6 +153,7 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> train.SFTResult:
         run_dir=built.run_dir,
         init_params=_common.init_source(built.init, built.model, name="init"),
         eval_data=(lambda: data.sft_data(built.eval_data)) if built.eval_data else None,
+        model_evaluations=_tool_choice(c, built),
         run_config=c.to_dict(),
         model_config=built.model.to_dict(),
         mesh=mesh,
@@ -134,9 +168,31 @@ def summary(result: train.SFTResult) -> list[str]:
         f"step {result.step}{resumed}: loss {m.get('loss', float('nan')):.4f}, "
         f"accuracy {m.get('accuracy', float('nan')):.3f}, "
         f"{m.get('tokens_per_second', 0):.0f} tokens/s",
+        *_eval_lines(result.metrics_path),
         f"checkpoint: {result.checkpoint_dir}",
         f"metrics: {result.metrics_path}; plots: {result.plots_dir}",
     ]
+
+
+def _eval_lines(path) -> list[str]:
+    """Each evaluation's eval loss and teacher-forced tool choice (the learning curve)."""
+    from hat_jax.metrics import read_metrics
+
+    lines = []
+    for r in read_metrics(path) if pathlib.Path(path).exists() else []:
+        if "eval/loss" not in r and "eval/tool_choice" not in r:
+            continue
+        line = f"eval at step {r['step']}:"
+        if r.get("eval/loss") is not None:
+            line += f" dev loss {r['eval/loss']:.4f}"
+        if r.get("eval/tool_choice") is not None:
+            parts = [f"{100 * r['eval/tool_choice']:.1f}% of calls"]
+            for key, label in (("first_turn", "first turn"), ("later_turns", "later turns")):
+                if r.get(f"eval/tool_choice_{key}") is not None:
+                    parts.append(f"{label} {100 * r[f'eval/tool_choice_{key}']:.1f}%")
+            line += "; tool choice (teacher-forced) " + ", ".join(parts)
+        lines.append(line)
+    return lines
 
 
 def main(argv):

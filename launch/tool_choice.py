@@ -48,7 +48,7 @@ def main(argv):
         _, model = convert.load_checkpoint(checkpoint, dtype="float32", attention_impl="flash")
         tokenizer = tokenizer_for(checkpoint, _TOKENIZER.value or None)
         report = hev.tool_choice(
-            hev.model_logits_fn(model), conversations, tokenizer, max_len=_MAX_LEN.value
+            hev.model_greedy_fn(model), conversations, tokenizer, max_len=_MAX_LEN.value
         )
         reports[checkpoint] = report
         print(f"{checkpoint}: {report['rows']} rows of {n} {_SPLIT.value} records "

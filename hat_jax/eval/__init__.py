@@ -21,7 +21,12 @@ gold conversations, where a policy that fails the sets is stuck: `tool_choice`
 """
 
 from hat_jax.eval._calibration import calibration_report, read_labels, write_calibration
-from hat_jax.eval._decisions import format_tool_choice, model_logits_fn, tool_choice
+from hat_jax.eval._decisions import (
+    format_tool_choice,
+    model_greedy_fn,
+    tool_choice,
+    tool_choice_evaluation,
+)
 from hat_jax.eval._ifeval import (
     IFEvalSetupError,
     ifeval_prompt_hashes,
@@ -75,8 +80,9 @@ __all__ = [
     "evaluate",
     "format_tool_choice",
     "host_wording",
-    "model_logits_fn",
+    "model_greedy_fn",
     "tool_choice",
+    "tool_choice_evaluation",
     "ifeval_prompt_hashes",
     "ifeval_prompts",
     "mean_interval",

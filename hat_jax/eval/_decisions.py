@@ -12,17 +12,20 @@ confusions are listed. A policy that has learned the output format but not the d
 (e.g. it calls the first turn's tool in every turn) shows here as high accuracy on turn 1's
 first call and near zero elsewhere.
 
-The policy is any `logits_fn(ids: int32[1, T]) -> float[1, T, V]`; `model_logits_fn` wraps a
-`models.Qwen`. Rows follow the training rows (`data.split_rows`), so a call is scored in the
-context it was trained in.
+The policy is any `greedy_fn(ids: int32[1, T]) -> int[1, T]`, the argmax next token at every
+position; `model_greedy_fn` wraps a `models.Qwen` (the argmax is taken on the devices, so
+only token ids come back). Rows follow the training rows (`data.split_rows`), so a call is
+scored in the context it was trained in. The SFT stage logs it on its dev records
+(`tool_choice_evaluation`, `eval/tool_choice*`).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -98,7 +101,7 @@ class _Tally:
 
 
 def tool_choice(
-    logits_fn: Callable[[np.ndarray], Any],
+    greedy_fn: Callable[[np.ndarray], Any],
     conversations: Iterable[Any],
     tokenizer: Any,
     *,
@@ -109,7 +112,7 @@ def tool_choice(
     """Teacher-forced tool-choice accuracy of a policy on conversations.
 
     Args:
-      logits_fn: `int32[1, T] -> [1, T, V]` next-token logits.
+      greedy_fn: `int32[1, T] -> int[1, T]`, the argmax next token at each position.
       conversations: `data.Conversation`s (records' conversations, e.g. a corpus split).
       tokenizer: a fast tokenizer (character offsets).
       enable_thinking: the thinking mode the conversations were generated in.
@@ -143,8 +146,7 @@ def tool_choice(
                 continue
             rows += 1
             ids = np.asarray(rendered.ids, dtype=np.int32)
-            logits = np.asarray(logits_fn(ids[None]))[0]
-            predicted = logits.argmax(-1)  # predicted[i] is the guess for token i + 1
+            predicted = np.asarray(greedy_fn(ids[None]))[0]  # [i]: the guess for token i + 1
             for site in sites:
                 guess = [int(predicted[i - 1]) for i in site.tokens]
                 ok = guess == [int(ids[i]) for i in site.tokens]
@@ -172,27 +174,65 @@ def _guessed_name(tokenizer: Any, guess: list[int]) -> str:
     return text[1:] if text.startswith("=") else text
 
 
-def model_logits_fn(model: Any, *, bucket: int = 512) -> Callable[[np.ndarray], np.ndarray]:
-    """A jitted `logits_fn` over a `models.Qwen`: rows are padded at the end to a multiple of
-    `bucket` (causal, so the padding changes no logit of the row) to bound recompilations."""
+@functools.cache
+def _greedy_program():
+    """The compiled argmax forward, keyed by the model's graph (JAX imported on first use)."""
     import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def greedy(graphdef, state, ids, segments):
+        return jnp.argmax(nnx.merge(graphdef, state)(ids, segment_ids=segments).logits, axis=-1)
+
+    return greedy
+
+
+def model_greedy_fn(model: Any, *, bucket: int = 512) -> Callable[[np.ndarray], np.ndarray]:
+    """A `greedy_fn` over a `models.Qwen`: rows are padded at the end to a multiple of `bucket`
+    (causal, so the padding changes no prediction of the row; marked as padding) to bound
+    recompilations; the program is cached by the model's graph, so evaluating each new state
+    of one training run compiles nothing new."""
     from flax import nnx
 
     graphdef, state = nnx.split(model)
+    program = _greedy_program()
 
-    @jax.jit
-    def forward(state, ids, segments):
-        return nnx.merge(graphdef, state)(ids, segment_ids=segments).logits
-
-    def logits_fn(ids: np.ndarray) -> np.ndarray:
+    def greedy_fn(ids: np.ndarray) -> np.ndarray:
         n = ids.shape[1]
         padded = np.zeros((ids.shape[0], -(-n // bucket) * bucket), dtype=np.int32)
         padded[:, :n] = ids
         segments = np.zeros_like(padded)
         segments[:, :n] = 1  # 0: padding
-        return np.asarray(forward(state, padded, segments))[:, :n]
+        return np.asarray(program(graphdef, state, padded, segments))[:, :n]
 
-    return logits_fn
+    return greedy_fn
+
+
+def tool_choice_evaluation(
+    conversations: Sequence[Any], tokenizer: Any, *, enable_thinking: bool = True
+) -> Callable[[Any], dict[str, float]]:
+    """`model -> figures` for a training stage's evaluations: `tool_choice` (all calls),
+    `tool_choice_first_turn` and `tool_choice_later_turns` (calls after the first reply turn,
+    where a policy that has only learned the format fails)."""
+    conversations = list(conversations)
+    if not conversations:
+        raise ValueError("tool_choice_evaluation: no conversations")
+
+    def evaluate(model: Any) -> dict[str, float]:
+        report = tool_choice(model_greedy_fn(model), conversations, tokenizer,
+                             enable_thinking=enable_thinking)  # fmt: skip
+        first = report["by_turn"].get("1", {"calls": 0, "right": 0})
+        later = [v for k, v in report["by_turn"].items() if k != "1"]
+        n_later, r_later = sum(v["calls"] for v in later), sum(v["right"] for v in later)
+        nan = float("nan")
+        return {
+            "tool_choice": report["accuracy"],
+            "tool_choice_first_turn": first["right"] / first["calls"] if first["calls"] else nan,
+            "tool_choice_later_turns": r_later / n_later if n_later else nan,
+        }
+
+    return evaluate
 
 
 def format_tool_choice(report: Mapping[str, Any]) -> str:

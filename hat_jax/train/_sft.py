@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -85,6 +85,7 @@ def run_sft(
     run_dir: os.PathLike | str,
     init_params: Callable[[Any], Any] | None = None,
     eval_data: Callable[[], Iterator[Mapping[str, Any]]] | None = None,
+    model_evaluations: Sequence[Callable[[nnx.Module], Mapping[str, float]]] = (),
     run_config: Mapping[str, Any] | None = None,
     model_config: Mapping[str, Any] | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -100,6 +101,8 @@ def run_sft(
       init_params: `abstract_params -> params` for a fresh run (e.g. restore an Orbax
         checkpoint or stream Hugging Face weights into that layout); None keeps random init.
       eval_data: returns a fresh iterator of evaluation batches.
+      model_evaluations: `model -> figures` run with the eval loss (every `eval_every`
+        steps) on the model of the current state, e.g. `hat_jax.eval.tool_choice_evaluation`.
       run_config, model_config: JSON-serialisable configs saved with every checkpoint.
       mesh: overrides the mesh built from `config.mesh`.
     """
@@ -110,4 +113,6 @@ def run_sft(
         evaluations.append(
             driver.loss_evaluation(eval_data, max_batches=config.trainer.eval_batches)
         )
+    for evaluate in model_evaluations:
+        evaluations.append(lambda state, evaluate=evaluate: evaluate(driver.model(state)))
     return driver.run(data, evaluations)

@@ -99,22 +99,20 @@ def test_call_sites_find_trained_calls_by_turn_and_place(tokenizer):
 def _oracle(wrong_names=(), tokenizer=None, guess=None):
     """Predicts each next token, except at the name tokens of `wrong_names` (predicts `guess`)."""
 
-    def logits_fn(ids):
+    def greedy_fn(ids):
         ids = ids[0]
-        logits = np.zeros((1, len(ids), 4096), np.float32)
-        logits[0, np.arange(len(ids) - 1), ids[1:]] = 1.0
+        predicted = np.zeros((1, len(ids)), np.int32)
+        predicted[0, :-1] = ids[1:]
         if wrong_names:
             text = tokenizer.decode(ids.tolist())
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             mask = [1] * len(ids)
             for site in _decisions.call_sites(text, list(enc["offset_mapping"]), mask):
                 if site.name in wrong_names:
-                    first = site.tokens[0]
-                    logits[0, first - 1] = 0.0
-                    logits[0, first - 1, guess] = 1.0
-        return logits
+                    predicted[0, site.tokens[0] - 1] = guess
+        return predicted
 
-    return logits_fn
+    return greedy_fn
 
 
 def test_tool_choice_scores_by_name_turn_and_place(tokenizer):
@@ -146,14 +144,20 @@ def test_tool_choice_scores_by_name_turn_and_place(tokenizer):
 
 
 @pytest.mark.slow
-def test_model_logits_fn_padding_changes_no_logit():
-    config = models.PRESETS["tiny"].replace(vocab_size=256)
+def test_model_greedy_fn_is_the_unpadded_argmax_and_the_evaluation_reads_it(tokenizer):
+    config = models.PRESETS["tiny"].replace(vocab_size=-(-len(tokenizer) // 128) * 128)
     model = models.Qwen(config, rngs=nnx.Rngs(0))
     ids = np.asarray(jax.random.randint(jax.random.key(1), (1, 37), 1, 256), np.int32)
-    want = np.asarray(model(ids).logits)
-    got = hev.model_logits_fn(model, bucket=16)(ids)
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    want = np.asarray(model(ids).logits).argmax(-1)
+    np.testing.assert_array_equal(hev.model_greedy_fn(model, bucket=16)(ids), want)
+
+    convs = [_conversation("a"), _conversation("b")]
+    figures = hev.tool_choice_evaluation(convs, tokenizer)(model)
+    report = hev.tool_choice(hev.model_greedy_fn(model), convs, tokenizer)
+    assert figures["tool_choice"] == report["accuracy"]
+    assert set(figures) == {"tool_choice", "tool_choice_first_turn", "tool_choice_later_turns"}
+    with pytest.raises(ValueError, match="no conversations"):
+        hev.tool_choice_evaluation([], tokenizer)
 
 
 @pytest.mark.slow

@@ -20,9 +20,15 @@ ONE_DEVICE = dict(devices=jax.devices()[:1])
 def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus")
     cmd = [sys.executable, "-m", "launch.make_corpus", "--out", str(out), "--num_scenarios", "4",
-           "--states_per_scenario", "2", "--splits", "train"]  # fmt: skip
+           "--states_per_scenario", "2", "--splits", "train,dev"]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     return out
+
+
+def _records(path):
+    import json
+
+    return [json.loads(line) for line in open(path) if line.strip()]
 
 
 def _config(corpus, **trainer):
@@ -39,10 +45,19 @@ def test_sft_on_the_demo_corpus_then_export_to_hf(corpus, tmp_path):
     mesh = sharding.make_mesh(sharding.MeshConfig(), **ONE_DEVICE)
     with pytest.raises(ValueError, match="not divisible by the data-parallel size 8"):
         sft.run(_config(corpus), run_dir=str(tmp_path / "bad"))
-    result = sft.run(_config(corpus), run_dir=str(tmp_path / "run"), mesh=mesh)
+    c = _config(corpus)
+    c.data.update(dict(eval_split="dev", tool_choice_records=2))
+    result = sft.run(c, run_dir=str(tmp_path / "run"), mesh=mesh)
     assert result.step == 2 and result.checkpoint_dir.name == "2"
     assert result.final_metrics["weight"] > 0 and result.final_metrics["loss"] > 0
-    assert any("checkpoint:" in line for line in sft.summary(result))
+    # the eval loss and the teacher-forced tool choice of 2 dev records, at the last step
+    last = [r for r in _records(result.metrics_path) if "eval/tool_choice" in r][-1]
+    assert last["step"] == 2 and "eval/loss" in last
+    assert 0.0 <= last["eval/tool_choice"] <= 1.0
+    lines = sft.summary(result)
+    assert any("checkpoint:" in line for line in lines)
+    assert any(line.startswith("eval at step 2: dev loss") and "tool choice" in line
+               for line in lines)  # fmt: skip
     out = tmp_path / "hf"
     cmd = [sys.executable, "-m", "serve.convert", "to-hf", "--checkpoint",
            str(result.checkpoint_dir), "--out", str(out), "--dtype", "float32"]  # fmt: skip
@@ -79,6 +94,9 @@ def test_the_general_mode_trains_only_on_a_general_corpus(corpus, tmp_path):
     with pytest.raises(ValueError, match="generated with states='general'"):
         sft.run(c, run_dir=str(tmp_path))
     c = base_demo.get_config()
-    c.data.corpus = str(tmp_path / "missing")
+    c.data.update(dict(corpus=str(general), tool_choice_records=4))
+    with pytest.raises(ValueError, match="tool_choice_records > 0 scores tool calls"):
+        sft.run(c, run_dir=str(tmp_path))
+    c.data.update(dict(corpus=str(tmp_path / "missing"), tool_choice_records=0))
     with pytest.raises(FileNotFoundError, match="launch.make_general"):
         sft.run(c, run_dir=str(tmp_path))
