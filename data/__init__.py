@@ -8,7 +8,7 @@ Public API:
     Online Harness-State Augmentation of stored conversations (`data._rerender`):
         rerender, RerenderError, pin_constraints, loaded_skills
     Records to token rows (`data._examples`):
-        RenderOptions, Prepared, prepare, decode_record, record_conversation,
+        RenderOptions, Prepared, prepare, decode_record, read_conversations,
         TRUNCATION_POLICIES
     Corpus records and files (`data._records`):
         CORPUS_SCHEMA, corpus_record, state_info, CorpusWriter, write_json
@@ -52,7 +52,7 @@ from data._examples import (
     RenderOptions,
     decode_record,
     prepare,
-    record_conversation,
+    read_conversations,
 )
 from data._general import STATES as GENERAL_STATES
 from data._general import generate as generate_general
@@ -128,7 +128,7 @@ __all__ = [
     "clean_retries",
     "corpus_record",
     "decode_record",
-    "record_conversation",
+    "read_conversations",
     "has_retries",
     "load_instructions",
     "pass_rates",

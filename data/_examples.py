@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from data._convert import (
     trajectory_conversation,
 )
 from data._rerender import RerenderError, loaded_skills, rerender
+from data._sources import open_source
 from hat_jax import chat_format
 from hat_jax import harness as hx
 
@@ -163,6 +165,18 @@ def _fit(rendered: chat_format.RenderedTokens, options: RenderOptions, out: Prep
         out.untrainable += 1
         return
     out.rows.append({"input_ids": ids, "loss_mask": mask})
+
+
+def read_conversations(
+    paths: Sequence[os.PathLike | str], split: str | None, *, limit: int
+) -> list[Conversation]:
+    """The conversations of the first `limit` records of a split (`open_source`'s paths)."""
+    source = open_source(paths, split)
+    out = []
+    for i in range(min(len(source), limit)):
+        record = decode_record(source[i])
+        out.append(record_conversation(record, str(record.get("id") or i)))
+    return out
 
 
 def prepare(

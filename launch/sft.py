@@ -110,11 +110,9 @@ def _tool_choice(c, built: Built) -> list:
             "config.data.tool_choice_records > 0 runs on one process; set it to 0 on a cluster "
             "and score checkpoints with launch.tool_choice"
         )
-    source = data.open_source([c.data.corpus], c.data.eval_split)
-    conversations = []
-    for i in range(min(len(source), built.tool_choice_records)):
-        record = data.decode_record(source[i])
-        conversations.append(data.record_conversation(record, str(record.get("id") or i)))
+    conversations = data.read_conversations(
+        [c.data.corpus], c.data.eval_split, limit=built.tool_choice_records
+    )
     if not conversations:
         raise ValueError(f"{c.data.corpus}: no {c.data.eval_split} records for tool choice")
     tokenizer = load_tokenizer(built.data.tokenizer_dir)
@@ -179,7 +177,7 @@ def _eval_lines(path) -> list[str]:
     from hat_jax.metrics import read_metrics
 
     lines = []
-    for r in read_metrics(path) if pathlib.Path(path).exists() else []:
+    for r in read_metrics(path):
         if "eval/loss" not in r and "eval/tool_choice" not in r:
             continue
         line = f"eval at step {r['step']}:"

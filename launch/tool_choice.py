@@ -33,14 +33,10 @@ def main(argv):
     from hat_jax import files
     from serve import convert, tokenizer_for
 
-    source = data.open_source([_CORPUS.value], _SPLIT.value)
-    n = min(len(source), _MAX.value)
+    conversations = data.read_conversations([_CORPUS.value], _SPLIT.value, limit=_MAX.value)
+    n = len(conversations)
     if n == 0:
         raise app.UsageError(f"{_CORPUS.value}: no records in split {_SPLIT.value!r}")
-    conversations = []
-    for i in range(n):
-        record = data.decode_record(source[i])
-        conversations.append(data.record_conversation(record, str(record.get("id") or i)))
     reports = {}
     for checkpoint in _CHECKPOINTS.value:
         if not pathlib.Path(checkpoint).exists():

@@ -21,6 +21,7 @@ scored in the context it was trained in. The SFT stage logs it on its dev record
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import functools
@@ -80,7 +81,7 @@ def call_sites(text: str, offsets: list[tuple[int, int]], loss_mask: list[int]) 
         idx = np.nonzero((starts < hi) & (ends > lo))[0]
         if not len(idx) or not all(loss_mask[i] for i in idx):
             continue  # a call in a prompt turn or an untrained (weight 0) turn
-        turn = sum(1 for t in turn_starts if t < match.start())
+        turn = bisect.bisect_left(turn_starts, match.start())  # assistant turns opened before
         sites.append(CallSite(match.group(1), tuple(int(i) for i in idx), turn, per_turn[turn]))
         per_turn[turn] += 1
     return sites
@@ -213,8 +214,8 @@ def tool_choice_evaluation(
     conversations: Sequence[Any], tokenizer: Any, *, enable_thinking: bool = True
 ) -> Callable[[Any], dict[str, float]]:
     """`model -> figures` for a training stage's evaluations: `tool_choice` (all calls),
-    `tool_choice_first_turn` and `tool_choice_later_turns` (calls after the first reply turn,
-    where a policy that has only learned the format fails)."""
+    `tool_choice_first_turn` (calls of the first assistant turn) and `tool_choice_later_turns`
+    (calls of every later assistant turn)."""
     conversations = list(conversations)
     if not conversations:
         raise ValueError("tool_choice_evaluation: no conversations")
