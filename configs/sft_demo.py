@@ -57,6 +57,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             # (`hat_jax.eval.tool_choice`: would greedy decoding name the gold tool?), logged
             # as eval/tool_choice*; one process only (0 on a cluster: `launch.tool_choice`)
             tool_choice_records=16,
+            # > 0: also the in-context copying probe on this many rows of random tokens shown
+            # twice (`hat_jax.eval.copy_score`), logged as eval/copy; one process only
+            copy_probe_samples=8,
             online_hsa_probability=0.5 if mode == "hsa" else 0.0,
             online_hsa_dims="all",  # the dimensions online HSA draws from, e.g. "skill_id,hook"
             tokenizer_dir="",

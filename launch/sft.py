@@ -47,6 +47,7 @@ class Built:
     init: tuple[str, str]
     run_dir: pathlib.Path
     tool_choice_records: int = 0
+    copy_probe_samples: int = 0
 
 
 def _required(value: str, name: str) -> str:
@@ -82,6 +83,9 @@ def build(c, *, run_dir: str | None = None) -> Built:
             "config.data.tool_choice_records > 0 scores tool calls, which general instructions "
             "do not make: set it to 0 for harness_mode='general'"
         )
+    copy_samples = c.data.get("copy_probe_samples", 0)
+    if copy_samples < 0:
+        raise ValueError(f"config.data.copy_probe_samples={copy_samples}: must be >= 0")
     coef = c.aux_loss_coef if c.aux_loss_coef >= 0 else model.router_aux_loss_coef
     return Built(
         sft=train.SFTConfig(
@@ -97,26 +101,35 @@ def build(c, *, run_dir: str | None = None) -> Built:
         init=init,
         run_dir=pathlib.Path(run_dir or c.run_dir),
         tool_choice_records=choice if c.data.eval_split else 0,  # runs with the eval loss
+        copy_probe_samples=copy_samples if c.data.eval_split else 0,
     )
 
 
-def _tool_choice(c, built: Built) -> list:
-    """The teacher-forced tool choice on the first eval records (`hat_jax.eval.tool_choice`),
-    logged as `eval/tool_choice*` with the eval loss."""
-    if not built.tool_choice_records:
-        return []
-    if jax.process_count() > 1:
-        raise ValueError(
-            "config.data.tool_choice_records > 0 runs on one process; set it to 0 on a cluster "
-            "and score checkpoints with launch.tool_choice"
-        )
-    conversations = data.read_conversations(
-        [c.data.corpus], c.data.eval_split, limit=built.tool_choice_records
-    )
-    if not conversations:
-        raise ValueError(f"{c.data.corpus}: no {c.data.eval_split} records for tool choice")
+def _evaluations(c, built: Built) -> list:
+    """The model evaluations run with the eval loss: the teacher-forced tool choice on the
+    first eval records (`hat_jax.eval.tool_choice`, logged as `eval/tool_choice*`) and the
+    in-context copying probe (`hat_jax.eval.copy_score`, `eval/copy`)."""
+    evaluations = []
+    for field, n in (("tool_choice_records", built.tool_choice_records),
+                     ("copy_probe_samples", built.copy_probe_samples)):  # fmt: skip
+        if n and jax.process_count() > 1:
+            raise ValueError(
+                f"config.data.{field} > 0 runs on one process; set it to 0 on a cluster and "
+                "score checkpoints with launch.tool_choice"
+            )
+    if not (built.tool_choice_records or built.copy_probe_samples):
+        return evaluations
     tokenizer = load_tokenizer(built.data.tokenizer_dir)
-    return [hev.tool_choice_evaluation(conversations, tokenizer)]
+    if built.tool_choice_records:
+        conversations = data.read_conversations(
+            [c.data.corpus], c.data.eval_split, limit=built.tool_choice_records
+        )
+        if not conversations:
+            raise ValueError(f"{c.data.corpus}: no {c.data.eval_split} records for tool choice")
+        evaluations.append(hev.tool_choice_evaluation(conversations, tokenizer))
+    if built.copy_probe_samples:
+        evaluations.append(hev.copy_evaluation(tokenizer, samples=built.copy_probe_samples))
+    return evaluations
 
 
 def _check_corpus(c, built: Built) -> None:
@@ -151,7 +164,7 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> train.SFTResult:
         run_dir=built.run_dir,
         init_params=_common.init_source(built.init, built.model, name="init"),
         eval_data=(lambda: data.sft_data(built.eval_data)) if built.eval_data else None,
-        model_evaluations=_tool_choice(c, built),
+        model_evaluations=_evaluations(c, built),
         run_config=c.to_dict(),
         model_config=built.model.to_dict(),
         mesh=mesh,
@@ -173,12 +186,12 @@ def summary(result: train.SFTResult) -> list[str]:
 
 
 def _eval_lines(path) -> list[str]:
-    """Each evaluation's eval loss and teacher-forced tool choice (the learning curve)."""
+    """Each evaluation's eval loss, teacher-forced tool choice and copying (the learning curve)."""
     from hat_jax.metrics import read_metrics
 
     lines = []
     for r in read_metrics(path):
-        if "eval/loss" not in r and "eval/tool_choice" not in r:
+        if not any(k in r for k in ("eval/loss", "eval/tool_choice", "eval/copy")):
             continue
         line = f"eval at step {r['step']}:"
         if r.get("eval/loss") is not None:
@@ -189,6 +202,8 @@ def _eval_lines(path) -> list[str]:
                 if r.get(f"eval/tool_choice_{key}") is not None:
                     parts.append(f"{label} {100 * r[f'eval/tool_choice_{key}']:.1f}%")
             line += "; tool choice (teacher-forced) " + ", ".join(parts)
+        if r.get("eval/copy") is not None:
+            line += f"; in-context copying {100 * r['eval/copy']:.1f}%"
         lines.append(line)
     return lines
 

@@ -10,6 +10,9 @@ scored teacher-forced: would greedy decoding from the gold prefix write the gold
 Printed per turn, per place in the turn and per tool, with the commonest wrong choices; `--out`
 writes every report as one JSON file (atomically). Several step directories of one run give the
 tool-choice learning curve of an SFT that the episode scores cannot show while they are zero.
+Each checkpoint's in-context copying (`hat_jax.eval.copy_score`: random tokens shown twice, the
+share of the second copy it predicts) comes with it: a policy that cannot copy from its context
+cannot name a tool of its tool list.
 """
 
 import pathlib
@@ -24,6 +27,8 @@ _MAX = flags.DEFINE_integer("max_conversations", 32, "Records scored (the first 
 _TOKENIZER = flags.DEFINE_string("tokenizer_dir", "", "Tokenizer (default: the checkpoint's).")
 _MAX_LEN = flags.DEFINE_integer("max_len", 8192, "Rows longer than this are skipped (counted).")
 _OUT = flags.DEFINE_string("out", "", "Write the reports here as JSON.")
+_COPY = flags.DEFINE_integer("copy_samples", 8, "Rows of the in-context copying probe (0: off).",
+                             lower_bound=0)  # fmt: skip
 
 
 def main(argv):
@@ -46,10 +51,17 @@ def main(argv):
         report = hev.tool_choice(
             hev.model_greedy_fn(model), conversations, tokenizer, max_len=_MAX_LEN.value
         )
+        if _COPY.value:
+            ids = hev.ordinary_token_ids(tokenizer)
+            report["copy"] = hev.copy_score(hev.model_greedy_fn(model), ids, samples=_COPY.value)
         reports[checkpoint] = report
         print(f"{checkpoint}: {report['rows']} rows of {n} {_SPLIT.value} records "
               f"({report['skipped_rows']} longer than {_MAX_LEN.value} skipped)")  # fmt: skip
         print(hev.format_tool_choice(report))
+        if "copy" in report:
+            copy = report["copy"]
+            print(f"  in-context copying {100 * copy['accuracy']:.1f}% of {copy['tokens']} tokens "
+                  f"(random tokens shown twice; chance {100 * copy['chance']:.2f}%)")  # fmt: skip
     if _OUT.value:
         files.write_json(_OUT.value, {"corpus": _CORPUS.value, "split": _SPLIT.value,
                                       "records": n, "reports": reports})  # fmt: skip

@@ -17,10 +17,13 @@ never uses), `t3_tool` / `t3_prompt` (distractor tools; active instruction const
 `read_labels`, `calibration_report`. The Harness-edit test's automatic check: `host_wording`
 (is a reply the policy's own, worded as a live host speaks). Teacher-forced tool choice on
 gold conversations, where a policy that fails the sets is stuck: `tool_choice`
-(`python -m launch.tool_choice`). CLI: `python -m launch.eval`.
+(`python -m launch.tool_choice`); in-context copying (the induction score: random tokens shown
+twice), which the agent task needs before any decision can be learned: `copy_score`. CLI:
+`python -m launch.eval`.
 """
 
 from hat_jax.eval._calibration import calibration_report, read_labels, write_calibration
+from hat_jax.eval._copying import copy_evaluation, copy_score, ordinary_token_ids
 from hat_jax.eval._decisions import (
     format_tool_choice,
     model_greedy_fn,
@@ -75,6 +78,8 @@ __all__ = [
     "SetVersionError",
     "calibration_report",
     "compare_runs",
+    "copy_evaluation",
+    "copy_score",
     "ensure_set",
     "ensure_sets",
     "evaluate",
@@ -86,6 +91,7 @@ __all__ = [
     "ifeval_prompt_hashes",
     "ifeval_prompts",
     "mean_interval",
+    "ordinary_token_ids",
     "paired_bootstrap",
     "read_items",
     "read_labels",

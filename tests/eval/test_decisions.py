@@ -163,7 +163,7 @@ def test_model_greedy_fn_is_the_unpadded_argmax_and_the_evaluation_reads_it(toke
 @pytest.mark.slow
 def test_launch_tool_choice_from_the_command_line(tmp_path, tokenizer):
     """A random tiny checkpoint scored on a JSONL split of two conversations: a report per
-    checkpoint in the JSON, and a missing checkpoint named."""
+    checkpoint in the JSON with the copying probe, and a missing checkpoint named."""
     import json
     import pathlib
     import subprocess
@@ -190,6 +190,8 @@ def test_launch_tool_choice_from_the_command_line(tmp_path, tokenizer):
     report = out["reports"][str(tmp_path / "ckpt")]
     assert out["records"] == 2 and report["calls"] == 6 and report["rows"] == 2
     assert set(report["by_name"]) == {"load_skill", "search_products", "reply_public"}
+    # the copying probe comes with it (8 rows of 128 tokens twice: 8 x 127 predictions)
+    assert "in-context copying" in done.stdout and report["copy"]["tokens"] == 8 * 127
 
     missing = subprocess.run(cmd + [f"--checkpoints={tmp_path / 'nope'}"], cwd=repo,
                              capture_output=True, text=True)  # fmt: skip

@@ -46,7 +46,7 @@ def test_sft_on_the_demo_corpus_then_export_to_hf(corpus, tmp_path):
     with pytest.raises(ValueError, match="not divisible by the data-parallel size 8"):
         sft.run(_config(corpus), run_dir=str(tmp_path / "bad"))
     c = _config(corpus)
-    c.data.update(dict(eval_split="dev", tool_choice_records=2))
+    c.data.update(dict(eval_split="dev", tool_choice_records=2, copy_probe_samples=2))
     result = sft.run(c, run_dir=str(tmp_path / "run"), mesh=mesh)
     assert result.step == 2 and result.checkpoint_dir.name == "2"
     assert result.final_metrics["weight"] > 0 and result.final_metrics["loss"] > 0
@@ -54,10 +54,11 @@ def test_sft_on_the_demo_corpus_then_export_to_hf(corpus, tmp_path):
     last = [r for r in _records(result.metrics_path) if "eval/tool_choice" in r][-1]
     assert last["step"] == 2 and "eval/loss" in last
     assert 0.0 <= last["eval/tool_choice"] <= 1.0
+    assert 0.0 <= last["eval/copy"] <= 1.0  # the copying probe, with them
     lines = sft.summary(result)
     assert any("checkpoint:" in line for line in lines)
     assert any(line.startswith("eval at step 2: dev loss") and "tool choice" in line
-               for line in lines)  # fmt: skip
+               and "in-context copying" in line for line in lines)  # fmt: skip
     out = tmp_path / "hf"
     cmd = [sys.executable, "-m", "serve.convert", "to-hf", "--checkpoint",
            str(result.checkpoint_dir), "--out", str(out), "--dtype", "float32"]  # fmt: skip
@@ -97,6 +98,9 @@ def test_the_general_mode_trains_only_on_a_general_corpus(corpus, tmp_path):
     c.data.update(dict(corpus=str(general), tool_choice_records=4))
     with pytest.raises(ValueError, match="tool_choice_records > 0 scores tool calls"):
         sft.run(c, run_dir=str(tmp_path))
-    c.data.update(dict(corpus=str(tmp_path / "missing"), tool_choice_records=0))
+    c.data.update(dict(tool_choice_records=0, copy_probe_samples=-1))
+    with pytest.raises(ValueError, match="copy_probe_samples=-1: must be >= 0"):
+        sft.run(c, run_dir=str(tmp_path))
+    c.data.update(dict(corpus=str(tmp_path / "missing"), copy_probe_samples=8))
     with pytest.raises(FileNotFoundError, match="launch.make_general"):
         sft.run(c, run_dir=str(tmp_path))
