@@ -23,7 +23,7 @@ twice), which the agent task needs before any decision can be learned: `copy_sco
 """
 
 from hat_jax.eval._calibration import calibration_report, read_labels, write_calibration
-from hat_jax.eval._copying import copy_evaluation, copy_score, ordinary_token_ids
+from hat_jax.eval._copying import copy_evaluation, copy_rows, copy_score, ordinary_token_ids
 from hat_jax.eval._decisions import (
     format_tool_choice,
     model_greedy_fn,
@@ -79,6 +79,7 @@ __all__ = [
     "calibration_report",
     "compare_runs",
     "copy_evaluation",
+    "copy_rows",
     "copy_score",
     "ensure_set",
     "ensure_sets",
