@@ -49,8 +49,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             seed=0,
         )
     )
-    # Each stage's own demo config, resized so the whole run fits in about 13 minutes on two
-    # CPU cores: SFT from the base long enough to learn the agent's output format (loss about
+    # Each stage's own demo config, resized for two CPU cores (20.5 minutes measured on
+    # 2026-12-04 against a 15-minute target): SFT from the base long enough to learn the agent's output format (loss about
     # 2.1, token accuracy about 0.62; the tiny model does not learn the task itself in this
     # budget: the report's evaluation says so), OPD back toward the base, two small RL
     # updates, MTP on the agent's own prompts.
