@@ -50,10 +50,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         )
     )
     # Each stage's own demo config, resized for two CPU cores (20.5 minutes measured on
-    # 2026-12-04 against a 15-minute target): SFT from the base long enough to learn the agent's output format (loss about
-    # 2.1, token accuracy about 0.62; the tiny model does not learn the task itself in this
-    # budget: the report's evaluation says so), OPD back toward the base, two small RL
-    # updates, MTP on the agent's own prompts.
+    # 2026-12-04 against a 15-minute target): SFT from the base long enough to learn the
+    # agent's output format (loss about 2.4 at step 56; the tiny model does not learn the task
+    # itself in this budget: the report's evaluation says so), OPD back toward the base, two
+    # small RL updates, MTP on the agent's own prompts.
     c.sft = sft_demo.get_config("hsa")
     c.sft.trainer.update(dict(total_steps=56, log_every=4, eval_every=28, checkpoint_every=28))
     c.sft.optimizer.update(dict(warmup_steps=6, decay_steps=56))
