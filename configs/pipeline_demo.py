@@ -51,7 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
     # Each stage's own demo config, resized for two CPU cores (20.5 minutes measured on
     # 2026-12-04 against a 15-minute target): SFT from the base long enough to learn the
-    # agent's output format (loss about 2.4 at step 56; the tiny model does not learn the task
+    # agent's output format (dev loss 2.4 at step 56; the tiny model does not learn the task
     # itself in this budget: the report's evaluation says so), OPD back toward the base, two
     # small RL updates, MTP on the agent's own prompts.
     c.sft = sft_demo.get_config("hsa")
