@@ -48,12 +48,11 @@ def main(argv):
             raise app.UsageError(f"checkpoint {checkpoint} does not exist")
         _, model = convert.load_checkpoint(checkpoint, dtype="float32", attention_impl="flash")
         tokenizer = tokenizer_for(checkpoint, _TOKENIZER.value or None)
-        report = hev.tool_choice(
-            hev.model_greedy_fn(model), conversations, tokenizer, max_len=_MAX_LEN.value
-        )
+        greedy_fn = hev.model_greedy_fn(model)
+        report = hev.tool_choice(greedy_fn, conversations, tokenizer, max_len=_MAX_LEN.value)
         if _COPY.value:
             ids = hev.ordinary_token_ids(tokenizer)
-            report["copy"] = hev.copy_score(hev.model_greedy_fn(model), ids, samples=_COPY.value)
+            report["copy"] = hev.copy_score(greedy_fn, ids, samples=_COPY.value)
         reports[checkpoint] = report
         print(f"{checkpoint}: {report['rows']} rows of {n} {_SPLIT.value} records "
               f"({report['skipped_rows']} longer than {_MAX_LEN.value} skipped)")  # fmt: skip

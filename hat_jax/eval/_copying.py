@@ -67,16 +67,18 @@ def copy_score(
       (`samples * (length - 1)` of them) and the score of a policy that guesses uniformly.
     """
     rows = copy_rows(token_ids, length=length, samples=samples, seed=seed)
+    return _score_rows(greedy_fn, rows) | {"chance": 1.0 / np.unique(token_ids).size}
+
+
+def _score_rows(greedy_fn: Callable[[np.ndarray], Any], rows: np.ndarray) -> dict[str, float]:
+    """`{"accuracy", "tokens"}` of the policy on `copy_rows` output (period `T // 2`)."""
+    length = rows.shape[1] // 2
     predicted = np.asarray(greedy_fn(rows))  # [:, i]: the guess for token i + 1
     if predicted.shape != rows.shape:
         raise ValueError(f"greedy_fn returned shape {predicted.shape}, expected {rows.shape}")
     # the second copy's tokens after its first: positions length + 1 .. 2 * length - 1
     right = predicted[:, length:-1] == rows[:, length + 1 :]
-    return {
-        "accuracy": float(right.mean()),
-        "tokens": int(right.size),
-        "chance": 1.0 / np.unique(np.asarray(token_ids)).size,
-    }
+    return {"accuracy": float(right.mean()), "tokens": int(right.size)}
 
 
 def copy_evaluation(
@@ -86,12 +88,10 @@ def copy_evaluation(
     evaluation, drawn from the tokenizer's ordinary tokens)."""
     from hat_jax.eval._decisions import model_greedy_fn
 
-    token_ids = ordinary_token_ids(tokenizer)
-    copy_rows(token_ids, length=length, samples=samples, seed=seed)  # bad arguments fail now
+    # drawn once (bad arguments fail here, not at the first evaluation)
+    rows = copy_rows(ordinary_token_ids(tokenizer), length=length, samples=samples, seed=seed)
 
     def evaluate(model: Any) -> dict[str, float]:
-        score = copy_score(model_greedy_fn(model), token_ids, length=length, samples=samples,
-                           seed=seed)  # fmt: skip
-        return {"copy": score["accuracy"]}
+        return {"copy": _score_rows(model_greedy_fn(model), rows)["accuracy"]}
 
     return evaluate
