@@ -23,7 +23,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = sft_demo.get_config("hsa")
     c.run_dir = "runs/demo/base"
     # The corpus `launch.make_general` (or the pipeline's base stage) writes.
-    c.general = ml_collections.ConfigDict(dict(train=4000, dev=200, seed=0))
+    # lookup_share: that share of the records are in-context lookup items (`data._lookup`:
+    # answers copied from the prompt, the skill the agent task is made of).
+    c.general = ml_collections.ConfigDict(dict(train=4000, dev=200, seed=0, lookup_share=0.0))
     c.data.update(dict(harness_mode="general", corpus="runs/demo/base/corpus",
                        online_hsa_probability=0.0, tool_choice_records=0))  # fmt: skip
     # 120 steps of 8 rows x 1,024 tokens (about 40 answers per step; ~1 s a step on two CPU

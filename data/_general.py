@@ -16,6 +16,9 @@ weights, so its miniature base is trained first on this data, written programmat
 - reasoning: half the answers carry a one-line plan (`plan`: what each constraint asks) as
   their reasoning, the other half none, so the base answers in both thinking modes (an empty
   reasoning renders as the closed think block a non-thinking prompt ends with);
+- lookup items (`lookup_share` of the records, `data._lookup`): answers copied from the
+  prompt (a line repeated, a table's cell, a listed function's name, a viewer's handle), the
+  in-context copying the agent task is made of and a model from random weights lacks;
 - splits: `train` and `dev` draw from disjoint topics (every fifth topic is dev), so the dev
   loss measures instruction following on unseen topics.
 
@@ -41,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from data import _instructions as ins
+from data import _lookup
 from hat_jax import files
 
 SCHEMA = "hat_jax.general/1"
@@ -259,13 +263,33 @@ def _rng(split: str, seed: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def generate(split: str, size: int, seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """`size` records `{"id", "messages": [user, assistant], "constraints", "topic"}` with
-    distinct prompts, and statistics (constraint counts, redrawn prompts, the floor).
+def generate(
+    split: str, size: int, seed: int = 0, *, lookup_share: float = 0.0
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`size` records with distinct prompts, and statistics (constraint counts, redrawn
+    prompts, the floor). `lookup_share` of them (rounded) are in-context lookup items
+    (`data._lookup`: `{"id", "messages", "kind", "answer"}`), shuffled among the instruction
+    records (`{"id", "messages": [user, assistant], "constraints", "topic"}`).
 
     Raises:
-      ValueError: unknown split, or the bank cannot give `size` distinct answerable prompts.
+      ValueError: unknown split, `lookup_share` outside [0, 1), or the bank cannot give the
+        instruction records distinct answerable prompts.
     """
+    if not 0.0 <= lookup_share < 1.0:
+        raise ValueError(f"general corpus: lookup_share must be in [0, 1), got {lookup_share}")
+    lookups = _lookup.generate(split, round(size * lookup_share), seed,
+                               reasoning_share=REASONING_SHARE)  # fmt: skip
+    records, summary = _instructions(split, size - len(lookups), seed)
+    if lookups:
+        records = records + lookups
+        random.Random(f"general-mix|{split}|{seed}").shuffle(records)
+        summary["records"] = len(records)
+        summary["lookup"] = dict(sorted(Counter(r["kind"] for r in lookups).items()))
+    return records, summary
+
+
+def _instructions(split: str, size: int, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The instruction records of `generate` and their statistics."""
     topics, kinds = split_topics(split), sorted(ins.CONSTRAINT_TYPES)
     rng = _rng(split, seed)
     records: list[dict[str, Any]] = []
@@ -321,11 +345,11 @@ def generate(split: str, size: int, seed: int = 0) -> tuple[list[dict[str, Any]]
 
 
 def write_general_corpus(
-    out: str | pathlib.Path, *, train: int, dev: int = 0, seed: int = 0
+    out: str | pathlib.Path, *, train: int, dev: int = 0, seed: int = 0, lookup_share: float = 0.0
 ) -> dict[str, dict[str, Any]]:
     """Writes `<out>/<split>.jsonl` and `<split>.manifest.json` for train (and dev when
-    `dev > 0`); a split whose manifest exists with the same config is kept. Returns each
-    split's manifest."""
+    `dev > 0`), `lookup_share` of each split in-context lookup items; a split whose manifest
+    exists with the same config is kept. Returns each split's manifest."""
     out = pathlib.Path(out)
     manifests = {}
     for split, size in (("train", train), ("dev", dev)):
@@ -333,12 +357,14 @@ def write_general_corpus(
             continue
         path = out / f"{split}.manifest.json"
         config = {"states": STATES, "split": split, "size": size, "seed": seed}
+        if lookup_share:  # absent at 0: corpora written before the field stay valid
+            config["lookup_share"] = lookup_share
         if path.is_file():
             old = json.loads(path.read_text())
             if old.get("config") == config and (out / f"{split}.jsonl").is_file():
                 manifests[split] = old
                 continue
-        records, summary = generate(split, size, seed)
+        records, summary = generate(split, size, seed, lookup_share=lookup_share)
         lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         files.write_text(out / f"{split}.jsonl", lines)
         manifest = {"schema": SCHEMA, "config": config, **summary}

@@ -194,7 +194,8 @@ def _base(b: ml_collections.ConfigDict, mesh: Any) -> dict[str, Any]:
     import data
 
     g = b.general
-    manifests = data.write_general_corpus(b.data.corpus, train=g.train, dev=g.dev, seed=g.seed)
+    manifests = data.write_general_corpus(b.data.corpus, train=g.train, dev=g.dev, seed=g.seed,
+                                          lookup_share=g.get("lookup_share", 0.0))  # fmt: skip
     entry = RUNNERS["sft"](b, mesh)
     entry["inputs"] = {"corpus": b.data.corpus, "init": _source(b.init)}
     sizes = ", ".join(f"{split} {m['records']}" for split, m in manifests.items())

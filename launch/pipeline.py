@@ -36,6 +36,10 @@ def build(c, *, run_dir: str | None = None) -> dict:
             if base.general.train < 1 or base.general.dev < 0:
                 raise ValueError(f"config.base.general: train >= 1 and dev >= 0 records, got "
                                  f"train={base.general.train}, dev={base.general.dev}")  # fmt: skip
+            share = base.general.get("lookup_share", 0.0)
+            if not 0.0 <= share < 1.0:
+                raise ValueError(f"config.base.general.lookup_share={share}: the share of "
+                                 "lookup items must be in [0, 1)")  # fmt: skip
             importlib.import_module("launch.sft").build(base)
             if base.evaluation.sets:
                 importlib.import_module("launch.eval").build(base.evaluation)

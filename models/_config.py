@@ -440,6 +440,11 @@ PRESETS: dict[str, QwenConfig] = {
         shared_expert_intermediate_size=64,
         max_position_embeddings=8192,
     ),
+    # tiny with every layer full attention (HF full_attention_interval 1): the miniature that
+    # learns to copy from its context, which the agent task is made of (names, ids, handles).
+    # bench/bench_copy_learning.py: from random weights, the 3 DeltaNet + 1 attention pattern
+    # stays near chance on a copying task for 800 steps where this one copies every token.
+    "tiny_attention": _TINY.replace(layer_types=("full_attention",) * 4),
     # Qwen3.5-35B-A3B and Qwen3.6-35B-A3B share one architecture (REFERENCE.md section 1).
     "qwen3_5_35b_a3b": _qwen3_5_35b_a3b(),
     "qwen3_6_35b_a3b": _qwen3_5_35b_a3b(),

@@ -97,6 +97,10 @@ def test_each_stage_reads_the_previous_stages_output(tmp_path):
     with pytest.raises(ValueError, match="config.base.general: train >= 1"):
         pipeline_launch.build(c, run_dir=str(tmp_path))
     c.base.general.train = 4000
+    c.base.general.lookup_share = 1.0
+    with pytest.raises(ValueError, match="config.base.general.lookup_share=1.0"):
+        pipeline_launch.build(c, run_dir=str(tmp_path))
+    c.base.general.lookup_share = 0.0
     before = _pipeline._config_hash(w["base"])
     c.eval.sizes.t1 = 3  # a set the base does not run: its config (and hash) is unchanged
     assert _pipeline._config_hash(_pipeline.wire(c, tmp_path)["base"]) == before

@@ -67,6 +67,12 @@ def test_presets():
     assert set(PRESETS) >= {"tiny", "small", "qwen3_5_35b_a3b", "qwen3_6_35b_a3b", "qwen3_30b_a3b"}
     assert PRESETS["small"].block_pattern == ("linear_attention",) * 3 + ("full_attention",)
     assert PRESETS["small"].num_blocks == 2  # two full attention layers (tiny: one)
+    # the miniature that copies: tiny with every layer full attention, still Qwen3.5-MoE
+    copier = PRESETS["tiny_attention"]
+    assert copier.is_qwen3_5 and copier.block_pattern == ("full_attention",)
+    assert (
+        copier.full_attention_interval == 1 and copier.replace(layer_types=TINY.layer_types) == TINY
+    )
     big = QwenConfig.preset("qwen3_6_35b_a3b")
     assert big.block_pattern == ("linear_attention",) * 3 + ("full_attention",)
     assert big.num_blocks == 10 and big.full_attention_interval == 4 and big.rotary_dim == 64
@@ -88,7 +94,9 @@ def _architecture(config: QwenConfig) -> dict:
     return {k: v for k, v in dataclasses.asdict(config).items() if k not in runtime}
 
 
-@pytest.mark.parametrize("name", ["tiny", "small", "qwen3_6_35b_a3b", "qwen3_30b_a3b"])
+@pytest.mark.parametrize(
+    "name", ["tiny", "tiny_attention", "small", "qwen3_6_35b_a3b", "qwen3_30b_a3b"]
+)
 def test_hf_dict_round_trip_through_transformers(name):
     config = PRESETS[name]
     layouts = ["text", "vl"] if config.is_qwen3_5 else ["text"]
