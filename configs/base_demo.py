@@ -26,8 +26,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # lookup_share: that share of the records are in-context lookup items (`data._lookup`:
     # answers copied from the prompt, the skill the agent task is made of).
     c.general = ml_collections.ConfigDict(dict(train=4000, dev=200, seed=0, lookup_share=0.0))
+    # lookup_eval_records > 0 (with general.lookup_share > 0): the teacher-forced answers of
+    # that many of the dev split's lookup items at each evaluation (eval/lookup*)
     c.data.update(dict(harness_mode="general", corpus="runs/demo/base/corpus",
-                       online_hsa_probability=0.0, tool_choice_records=0))  # fmt: skip
+                       online_hsa_probability=0.0, tool_choice_records=0,
+                       lookup_eval_records=0))  # fmt: skip
     # 120 steps of 8 rows x 1,024 tokens (about 40 answers per step; ~1 s a step on two CPU
     # cores). Measured at 150 steps: general set (40 items, thinking on) prompt-strict 22.5,
     # instruction-strict 48.8, against 10.0 / 17.7 for on-topic answers that ignore every

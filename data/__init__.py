@@ -22,7 +22,8 @@ Public API:
         DEMO_INSTRUCTIONS, CONFLICTS
     General instructions with answers, the base stage's corpus (`data._general`; CLI
     `python -m launch.make_general`):
-        write_general_corpus, generate_general, respond_general, GENERAL_STATES
+        write_general_corpus, generate_general, respond_general, GENERAL_STATES,
+        LOOKUP_SCHEMA (the source of its in-context lookup items, `data._lookup`)
     The Grain pipelines (`data.pipeline`):
         PipelineConfig, OnlineHSAConfig, sft_data, build_sft_dataset,
         make_augmenter, HsaAugmenter, opd_prompt_data, DataIterator, pad_id
@@ -72,6 +73,7 @@ from data._instructions import (
     read_prompt_records,
 )
 from data._iterator import DataIterator
+from data._lookup import SCHEMA as LOOKUP_SCHEMA
 from data._records import SCHEMA as CORPUS_SCHEMA
 from data._records import CorpusWriter, corpus_record, state_info, write_json
 from data._rerender import RerenderError, loaded_skills, pin_constraints, rerender
@@ -103,6 +105,7 @@ __all__ = [
     "CONFLICTS",
     "CONSTRAINT_TYPES",
     "GENERAL_STATES",
+    "LOOKUP_SCHEMA",
     "generate_general",
     "respond_general",
     "write_general_corpus",

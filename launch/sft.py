@@ -48,6 +48,7 @@ class Built:
     run_dir: pathlib.Path
     tool_choice_records: int = 0
     copy_probe_samples: int = 0
+    lookup_eval_records: int = 0
 
 
 def _required(value: str, name: str) -> str:
@@ -86,6 +87,14 @@ def build(c, *, run_dir: str | None = None) -> Built:
     copy_samples = c.data.get("copy_probe_samples", 0)
     if copy_samples < 0:
         raise ValueError(f"config.data.copy_probe_samples={copy_samples}: must be >= 0")
+    lookup = c.data.get("lookup_eval_records", 0)
+    if lookup < 0:
+        raise ValueError(f"config.data.lookup_eval_records={lookup}: must be >= 0")
+    if lookup and c.data.harness_mode != "general":
+        raise ValueError(
+            "config.data.lookup_eval_records > 0 scores the base corpus's lookup items: set it "
+            "to 0 unless harness_mode='general'"
+        )
     coef = c.aux_loss_coef if c.aux_loss_coef >= 0 else model.router_aux_loss_coef
     return Built(
         sft=train.SFTConfig(
@@ -102,22 +111,26 @@ def build(c, *, run_dir: str | None = None) -> Built:
         run_dir=pathlib.Path(run_dir or c.run_dir),
         tool_choice_records=choice if c.data.eval_split else 0,  # runs with the eval loss
         copy_probe_samples=copy_samples if c.data.eval_split else 0,
+        lookup_eval_records=lookup if c.data.eval_split else 0,
     )
 
 
 def _evaluations(c, built: Built) -> list:
     """The model evaluations run with the eval loss: the teacher-forced tool choice on the
-    first eval records (`hat_jax.eval.tool_choice`, logged as `eval/tool_choice*`) and the
-    in-context copying probe (`hat_jax.eval.copy_score`, `eval/copy`)."""
+    first eval records (`hat_jax.eval.tool_choice`, logged as `eval/tool_choice*`), the
+    in-context copying probe (`hat_jax.eval.copy_score`, `eval/copy`) and the teacher-forced
+    answers of the eval split's lookup items (`hat_jax.eval.answer_score`, `eval/lookup*`)."""
     evaluations = []
-    for field, n in (("tool_choice_records", built.tool_choice_records),
-                     ("copy_probe_samples", built.copy_probe_samples)):  # fmt: skip
+    counts = (("tool_choice_records", built.tool_choice_records),
+              ("copy_probe_samples", built.copy_probe_samples),
+              ("lookup_eval_records", built.lookup_eval_records))  # fmt: skip
+    for field, n in counts:
         if n and jax.process_count() > 1:
             raise ValueError(
                 f"config.data.{field} > 0 runs on one process; set it to 0 on a cluster and "
                 "score checkpoints with launch.tool_choice"
             )
-    if not (built.tool_choice_records or built.copy_probe_samples):
+    if not any(n for _, n in counts):
         return evaluations
     tokenizer = load_tokenizer(built.data.tokenizer_dir)
     if built.tool_choice_records:
@@ -129,6 +142,20 @@ def _evaluations(c, built: Built) -> list:
         evaluations.append(hev.tool_choice_evaluation(conversations, tokenizer))
     if built.copy_probe_samples:
         evaluations.append(hev.copy_evaluation(tokenizer, samples=built.copy_probe_samples))
+    if built.lookup_eval_records:
+        path = pathlib.Path(c.data.corpus) / f"{c.data.eval_split}.jsonl"
+        items = []
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                record = json.loads(line)
+                if record.get("source") == data.LOOKUP_SCHEMA:
+                    items.append(record)
+                if len(items) == built.lookup_eval_records:
+                    break
+        if not items:
+            raise ValueError(f"config.data.lookup_eval_records > 0 but {path} holds no lookup "
+                             "items (write the corpus with general.lookup_share > 0)")  # fmt: skip
+        evaluations.append(hev.answer_evaluation(items, tokenizer))
     return evaluations
 
 
@@ -186,12 +213,13 @@ def summary(result: train.SFTResult) -> list[str]:
 
 
 def _eval_lines(path) -> list[str]:
-    """Each evaluation's eval loss, teacher-forced tool choice and copying (the learning curve)."""
+    """Each evaluation's eval loss, teacher-forced tool choice, copying and lookup answers (the
+    learning curve)."""
     from hat_jax.metrics import read_metrics
 
     lines = []
     for r in read_metrics(path):
-        if not any(k in r for k in ("eval/loss", "eval/tool_choice", "eval/copy")):
+        if not any(k in r for k in ("eval/loss", "eval/tool_choice", "eval/copy", "eval/lookup")):
             continue
         line = f"eval at step {r['step']}:"
         if r.get("eval/loss") is not None:
@@ -204,6 +232,9 @@ def _eval_lines(path) -> list[str]:
             line += "; tool choice (teacher-forced) " + ", ".join(parts)
         if r.get("eval/copy") is not None:
             line += f"; in-context copying {100 * r['eval/copy']:.1f}%"
+        if r.get("eval/lookup") is not None:
+            line += (f"; lookup answers (teacher-forced) {100 * r['eval/lookup']:.1f}% exact, "
+                     f"{100 * r.get('eval/lookup_tokens', float('nan')):.1f}% of tokens")  # fmt: skip
         lines.append(line)
     return lines
 

@@ -18,10 +18,12 @@ never uses), `t3_tool` / `t3_prompt` (distractor tools; active instruction const
 (is a reply the policy's own, worded as a live host speaks). Teacher-forced tool choice on
 gold conversations, where a policy that fails the sets is stuck: `tool_choice`
 (`python -m launch.tool_choice`); in-context copying (the induction score: random tokens shown
-twice), which the agent task needs before any decision can be learned: `copy_score`. CLI:
+twice), which the agent task needs before any decision can be learned: `copy_score`;
+teacher-forced answers of records such as the base corpus's lookup items: `answer_score`. CLI:
 `python -m launch.eval`.
 """
 
+from hat_jax.eval._answers import answer_evaluation, answer_score
 from hat_jax.eval._calibration import calibration_report, read_labels, write_calibration
 from hat_jax.eval._copying import copy_evaluation, copy_rows, copy_score, ordinary_token_ids
 from hat_jax.eval._decisions import (
@@ -76,6 +78,8 @@ __all__ = [
     "RunConfig",
     "SetKind",
     "SetVersionError",
+    "answer_evaluation",
+    "answer_score",
     "calibration_report",
     "compare_runs",
     "copy_evaluation",

@@ -101,6 +101,36 @@ def test_the_general_mode_trains_only_on_a_general_corpus(corpus, tmp_path):
     c.data.update(dict(tool_choice_records=0, copy_probe_samples=-1))
     with pytest.raises(ValueError, match="copy_probe_samples=-1: must be >= 0"):
         sft.run(c, run_dir=str(tmp_path))
+    c.data.update(dict(copy_probe_samples=0, lookup_eval_records=-1))
+    with pytest.raises(ValueError, match="lookup_eval_records=-1: must be >= 0"):
+        sft.run(c, run_dir=str(tmp_path))
+    plain = tmp_path / "plain"  # a dev split without lookup items
+    data.write_general_corpus(plain, train=8, dev=4)
+    c.data.update(dict(corpus=str(plain), lookup_eval_records=4))
+    with pytest.raises(ValueError, match="lookup_eval_records > 0 but .*dev.jsonl holds no lookup"):
+        sft._evaluations(c, sft.build(c))
     c.data.update(dict(corpus=str(tmp_path / "missing"), copy_probe_samples=8))
     with pytest.raises(FileNotFoundError, match="launch.make_general"):
         sft.run(c, run_dir=str(tmp_path))
+    c = sft_demo.get_config()
+    c.data.lookup_eval_records = 4
+    with pytest.raises(ValueError, match="lookup_eval_records > 0 scores the base corpus"):
+        sft.build(c)
+
+
+@pytest.mark.slow
+def test_the_base_logs_its_lookup_answers(tmp_path):
+    import data
+    from configs import base_demo
+
+    general = tmp_path / "general"
+    data.write_general_corpus(general, train=16, dev=8, lookup_share=0.5)
+    c = base_demo.get_config()
+    c.data.update(dict(corpus=str(general), copy_probe_samples=0, lookup_eval_records=3))
+    c.trainer.update(dict(total_steps=1, batch_size=1, seq_len=512, log_every=1, eval_every=1,
+                          checkpoint_every=1, progress=False, plots=False))  # fmt: skip
+    mesh = sharding.make_mesh(sharding.MeshConfig(), **ONE_DEVICE)
+    result = sft.run(c, run_dir=str(tmp_path / "run"), mesh=mesh)
+    (last,) = [r for r in _records(result.metrics_path) if "eval/lookup" in r]
+    assert last["eval/lookup"] == 0.0 and 0.0 <= last["eval/lookup_tokens"] < 1.0
+    assert any("lookup answers (teacher-forced) 0.0% exact" in line for line in sft.summary(result))
