@@ -50,6 +50,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     p.corpus.num_scenarios = 200  # x 2 states: SFT sees each episode about once in 96 steps
     p.sft.trainer.update(dict(total_steps=96, eval_every=48, checkpoint_every=48))
     p.sft.optimizer.update(dict(warmup_steps=8, decay_steps=96))
+    p.base.trainer.update(dict(total_steps=120, eval_every=40, checkpoint_every=40))
+    p.base.optimizer.decay_steps = 120  # the base as measured before (the demo's: 100 steps)
+    p.sft.data.update(dict(tool_choice_records=16, copy_probe_samples=8))
+    p.rl.rollout.scenarios = 2  # x group_size 4 = 8 episodes per update (the demo: 4)
+    p.rl.trainer.batch_size = 8
+    p.rl.eval.update(dict(scenarios=4, trajectories=2))
     p.eval.sizes.update(dict(t1=24, t2=24, t3_tool=12, t3_prompt=12, general=40))
     c.pipeline = p
     # The held-out Harness-edit test (paper §5.5; `launch._edit_test`): candidate prompt/Skill
