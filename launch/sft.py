@@ -124,11 +124,12 @@ def _evaluations(c, built: Built) -> list:
     counts = (("tool_choice_records", built.tool_choice_records),
               ("copy_probe_samples", built.copy_probe_samples),
               ("lookup_eval_records", built.lookup_eval_records))  # fmt: skip
+    offline = {"lookup_eval_records": "hat_jax.eval.answer_score"}  # the rest: the CLI
     for field, n in counts:
         if n and jax.process_count() > 1:
             raise ValueError(
                 f"config.data.{field} > 0 runs on one process; set it to 0 on a cluster and "
-                "score checkpoints with launch.tool_choice"
+                f"score checkpoints with {offline.get(field, 'launch.tool_choice')}"
             )
     if not any(n for _, n in counts):
         return evaluations
