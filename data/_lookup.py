@@ -13,7 +13,8 @@ ability). These items teach the base to copy, with answers that are right by con
 - `function`: a list of functions with one-line descriptions; the answer is the name of the
   one that does what the question asks (names are meaningful or arbitrary, as a renamed
   Harness's may be);
-- `handle`: a message from a handle; the answer greets that handle and restates the request.
+- `handle`: a viewer's message asking about an item; the answer greets the viewer by handle
+  and names the item.
 
 Every name, code and handle is invented from syllables (nothing from the live-room catalog,
 viewers or tools), so the items teach the skill and not the agent's data. Every draw derives
@@ -34,7 +35,7 @@ _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "", "n", "r", "s", "x", "l")
 _GOODS = ("Lamp", "Kettle", "Scarf", "Backpack", "Mug", "Candle", "Blanket", "Notebook", "Pillow",
           "Jacket", "Teapot", "Umbrella", "Speaker", "Planter", "Towel", "Wallet")  # fmt: skip
-# (verb, object, what the function does): the question asks for the what, in other words.
+# (verb, object, what the function does, what the question asks for in other words)
 _JOBS = (
     ("get", "weather", "returns the weather forecast for a city", "to see tomorrow's weather"),
     ("find", "recipe", "searches recipes by ingredient", "to find a recipe that uses leeks"),

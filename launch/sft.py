@@ -24,7 +24,7 @@ import data
 import models
 from data.tokenizer import load_tokenizer
 from hat_jax import eval as hev
-from hat_jax import hsa, sharding, train
+from hat_jax import files, hsa, sharding, train
 from launch import _common
 
 _FLAGS: dict = {}
@@ -145,14 +145,8 @@ def _evaluations(c, built: Built) -> list:
         evaluations.append(hev.copy_evaluation(tokenizer, samples=built.copy_probe_samples))
     if built.lookup_eval_records:
         path = pathlib.Path(c.data.corpus) / f"{c.data.eval_split}.jsonl"
-        items = []
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                record = json.loads(line)
-                if record.get("source") == data.LOOKUP_SCHEMA:
-                    items.append(record)
-                if len(items) == built.lookup_eval_records:
-                    break
+        items = [r for r in files.read_jsonl(path, what="general corpus record")
+                 if r.get("source") == data.LOOKUP_SCHEMA][: built.lookup_eval_records]  # fmt: skip
         if not items:
             raise ValueError(f"config.data.lookup_eval_records > 0 but {path} holds no lookup "
                              "items (write the corpus with general.lookup_share > 0)")  # fmt: skip

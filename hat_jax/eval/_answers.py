@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hat_jax import chat_format
+from hat_jax.eval._decisions import model_greedy_fn, token_offsets
 
 
 def _answer_positions(record: Mapping[str, Any], tokenizer: Any) -> tuple[np.ndarray, list[int]]:
@@ -32,14 +33,12 @@ def _answer_positions(record: Mapping[str, Any], tokenizer: Any) -> tuple[np.nda
         raise ValueError(f"{record.get('id', '?')}: the last message is no assistant reply "
                          "holding the record's answer")  # fmt: skip
     rendered = chat_format.render_tokens(messages, tokenizer)
-    enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
-    if list(enc["input_ids"]) != list(rendered.ids):
-        raise ValueError(f"{record.get('id', '?')}: the tokenizer's offsets do not match the row")
+    offsets = token_offsets(rendered, tokenizer, record.get("id", "?"))
     content = messages[-1]["content"]
     reply_end = rendered.text.rindex(content) + len(content)
     start = rendered.text.rindex(answer, 0, reply_end)
     end = start + len(answer)
-    positions = [i for i, (s, e) in enumerate(enc["offset_mapping"])
+    positions = [i for i, (s, e) in enumerate(offsets)
                  if i > 0 and s < end and e > start and rendered.loss_mask[i]]  # fmt: skip
     return np.asarray(rendered.ids, dtype=np.int32), positions
 
@@ -81,8 +80,6 @@ def answer_evaluation(
 ) -> Callable[[Any], dict[str, float]]:
     """`model -> {"lookup", "lookup_tokens"}` for a training stage's evaluations: the exact
     and per-token scores of `answer_score` on the same records at every evaluation."""
-    from hat_jax.eval._decisions import model_greedy_fn
-
     records = list(records)
     for record in records:  # bad records fail here, not at the first evaluation
         _answer_positions(record, tokenizer)

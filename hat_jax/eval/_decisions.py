@@ -55,6 +55,15 @@ class CallSite:
     index: int
 
 
+def token_offsets(rendered: Any, tokenizer: Any, name: str) -> list[tuple[int, int]]:
+    """Each token's character span in a `chat_format.render_tokens` row (a fast tokenizer's
+    offsets). ValueError names the row (`name`) when the tokenizer's ids differ from the row's."""
+    enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != list(rendered.ids):
+        raise ValueError(f"{name}: the tokenizer's offsets do not match the row's ids")
+    return list(enc["offset_mapping"])
+
+
 def call_sites(text: str, offsets: list[tuple[int, int]], loss_mask: list[int]) -> list[CallSite]:
     """The trained tool calls of one rendered row.
 
@@ -139,10 +148,8 @@ def tool_choice(
             if max_len and len(rendered.ids) > max_len:
                 skipped += 1
                 continue
-            enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
-            if list(enc["input_ids"]) != list(rendered.ids):
-                raise ValueError(f"{conv.id}: the tokenizer's offsets do not match the row's ids")
-            sites = call_sites(rendered.text, list(enc["offset_mapping"]), rendered.loss_mask)
+            sites = call_sites(rendered.text, token_offsets(rendered, tokenizer, conv.id),
+                               rendered.loss_mask)  # fmt: skip
             if not sites:
                 continue
             rows += 1
