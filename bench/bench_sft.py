@@ -1,13 +1,15 @@
 """SFT train-step throughput: tokens/s and model FLOP utilisation, and the memory plan.
 
-  python -m bench.bench_sft [--repeats 7] [--only mid] [--no-plan]
+  python -m bench.bench_sft [--repeats 7] [--only demo|mid|attention] [--no-plan]
 
 For the demo model (tiny Qwen3.5-MoE, the demo tokenizer's vocabulary) and the mid-size config
 of `bench_model` (hidden 256, 8 layers, 32 experts top-4, seq 512, batch 4), both fp32 on one
 CPU device: the full `make_train_step` (SFT loss with masking and the aux loss, global-norm
 clipping, AdamW, the non-finite guard, donated state) against its peer, the model's bare
 forward+backward (`bench_model`'s step), and the model FLOPs utilisation against this
-machine's float32 matmul peak.
+machine's float32 matmul peak. Then the demo's own SFT step (2 rows of 5,376 tokens) with
+this backend's default attention (`QwenConfig.resolved`: block-wise on CPU) against the dense
+[T, T] scores (the default before), as a speed ratio.
 
 The machine may be shared, so nothing is timed alone: everything is compiled and warmed up
 first, then timed in interleaved rounds (one call of each per round), each round also
@@ -105,6 +107,10 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.1%} [{min(values):.0%}, {max(values):.0%}]"
 
 
+# The demo's SFT step: 2 rows of 5,376 tokens (configs/pipeline_demo.py), one conversation each.
+DEMO_ROW = (2, 5376)
+
+
 def _configs() -> list[tuple[str, QwenConfig, int, int]]:
     from data.tokenizer import load_tokenizer
 
@@ -118,7 +124,7 @@ def _configs() -> list[tuple[str, QwenConfig, int, int]]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_sft")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--only", choices=("demo", "mid"), help="one config only")
+    parser.add_argument("--only", choices=("demo", "mid", "attention"), help="one part only")
     parser.add_argument("--no-plan", action="store_true", help="skip the memory plan")
     args = parser.parse_args(argv)
     configs = [c for c in _configs() if args.only is None or c[0].startswith(args.only)]
@@ -126,6 +132,11 @@ def main(argv: list[str]) -> int:
     for name, config, batch, length in configs:
         fns[f"{name}/step"] = sft_step_fn(config, batch, length)
         fns[f"{name}/bare"] = model_step_fn(config, batch, length)
+    attention = args.only in (None, "attention")
+    if attention:  # the default attention of this backend against the dense [T, T] scores
+        demo = _configs()[0][1]
+        fns["row/default"] = sft_step_fn(demo, *DEMO_ROW)
+        fns["row/dense"] = sft_step_fn(demo.replace(attention_impl="dense"), *DEMO_ROW)
     load = os.getloadavg()[0]
     times = interleaved(fns, args.repeats)
     _, peak_flops = matmul_peak_fn()
@@ -134,8 +145,9 @@ def main(argv: list[str]) -> int:
           f"{os.getloadavg()[0]:.1f}); matmul peak (fp32, 1024^3, best of 3 per round): "
           f"median {statistics.median(peaks) / 1e9:.1f} GFLOP/s "
           f"[{min(peaks) / 1e9:.1f}, {max(peaks) / 1e9:.1f}]")  # fmt: skip
-    print(f"{'config':30s} {'tokens/s':>9s} {'step s':>7s} {'MFU median [min, max]':>22s} "
-          f"{'step/fwd+bwd':>12s}")  # fmt: skip
+    if configs:
+        print(f"{'config':30s} {'tokens/s':>9s} {'step s':>7s} {'MFU median [min, max]':>22s} "
+              f"{'step/fwd+bwd':>12s}")  # fmt: skip
     for name, config, batch, length in configs:
         step, bare = times[f"{name}/step"], times[f"{name}/bare"]
         flops = model_flops(config, batch, length)
@@ -145,6 +157,14 @@ def main(argv: list[str]) -> int:
         median_step = statistics.median(step)
         print(f"{name:30s} {batch * length / median_step:9.0f} {median_step:7.3f} "
               f"{_spread(mfu):>22s} {ratio:11.2f}x", flush=True)  # fmt: skip
+    if attention:
+        resolved = _configs()[0][1].resolved()
+        default, dense = times["row/default"], times["row/dense"]
+        ratio = statistics.median(d / a for a, d in zip(default, dense, strict=True))
+        print(f"\nthe demo's SFT step ({DEMO_ROW[0]} x {DEMO_ROW[1]:,} tokens, tiny): default "
+              f"attention ({resolved.attention_impl}, blocks of {resolved.attention_block_size})"
+              f" {statistics.median(default):.2f} s, dense [T, T] scores "
+              f"{statistics.median(dense):.2f} s: {ratio:.2f}x faster", flush=True)  # fmt: skip
     if not args.no_plan:
         print("\nmemory plan, Qwen3.6-35B-A3B full SFT, 8K tokens per device (launch.plan):",
               flush=True)  # fmt: skip

@@ -35,7 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             # Rollouts prefill a whole step's contexts at once: block-wise attention keeps
             # that O(T) in memory (dense scores of 16 x 4K-token prompts are gigabytes).
             attention_impl="flash",
-            attention_block_size=512,
+            attention_block_size=0,  # 0: auto, 256 on CPU, 512 elsewhere
             remat="none",
         )
     )

@@ -24,6 +24,14 @@ AUTO = "auto"
 AUTO_MOE_DISPATCH = {"cpu": "capacity"}
 AUTO_MOE_DISPATCH_OTHER = "ragged"
 AUTO_SCAN_UNROLL_CPU = 8  # unroll shallow models on CPU; accelerators keep a rolled scan
+# Full attention: block-wise with 256-position blocks on CPU (score tiles that stay in cache:
+# the demo's SFT step at 2 x 5,376 tokens runs 1.8x faster than with the dense [T, T]
+# scores, `python -m bench.bench_sft --only demo`); accelerators keep the dense scores
+# (XLA fuses them; a config that needs O(T) memory asks for "flash", 512-position blocks).
+AUTO_ATTENTION = {"cpu": "flash"}
+AUTO_ATTENTION_OTHER = "dense"
+AUTO_ATTENTION_BLOCK = {"cpu": 256}
+AUTO_ATTENTION_BLOCK_OTHER = 512
 REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
 ATTENTION_IMPLS = ("dense", "flash")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -88,8 +96,10 @@ class QwenConfig:
             precedence over `moe_shard_local`.
         attention_impl: full-attention layers without a cache: "dense" (the [T, T] score
             matrix) or "flash" (`models._flash`: blocks of `attention_block_size`, online
-            softmax, O(T) memory; used when T exceeds one block). Same numbers.
-        attention_block_size: query/key block length of "flash" attention.
+            softmax, O(T) memory; used when T exceeds one block). Same numbers. "auto"
+            (default): "flash" on CPU, "dense" on GPU/TPU.
+        attention_block_size: query/key block length of "flash" attention; 0 (default):
+            auto, 256 on CPU and 512 elsewhere.
         remat: activation checkpointing of each scanned block: "none", "full",
             "save_dots" (keep matmul outputs) or "save_dots_no_batch".
         remat_per_layer: also checkpoint each layer inside a block (nested), so the backward
@@ -142,8 +152,8 @@ class QwenConfig:
     moe_capacity_factor: float = 1.25
     moe_shard_local: bool = False
     moe_expert_parallel: bool = False
-    attention_impl: str = "dense"
-    attention_block_size: int = 512
+    attention_impl: str = AUTO
+    attention_block_size: int = 0
     remat: str = "none"
     remat_per_layer: bool = False
     deltanet_chunk_size: int = 64
@@ -214,9 +224,13 @@ class QwenConfig:
     def resolved(self, backend: str | None = None) -> QwenConfig:
         """This config with its "auto" runtime values made concrete for `backend` (JAX's
         default backend when None): `moe_dispatch` "capacity" on CPU, "ragged" on GPU/TPU;
-        `scan_unroll` every block up to 8 on CPU, 1 elsewhere. Explicit values are kept.
-        Models resolve their config when built, so `model.config` says what runs."""
-        if self.moe_dispatch != AUTO and self.scan_unroll > 0:
+        `scan_unroll` every block up to 8 on CPU, 1 elsewhere; `attention_impl` "flash" on
+        CPU, "dense" elsewhere; `attention_block_size` 256 on CPU, 512 elsewhere. Explicit
+        values are kept. Models resolve their config when built, so `model.config` says what
+        runs."""
+        concrete = (self.moe_dispatch != AUTO and self.scan_unroll > 0
+                    and self.attention_impl != AUTO and self.attention_block_size > 0)  # fmt: skip
+        if concrete:
             return self
         if backend is None:
             import jax
@@ -225,6 +239,11 @@ class QwenConfig:
         changes: dict[str, Any] = {}
         if self.moe_dispatch == AUTO:
             changes["moe_dispatch"] = AUTO_MOE_DISPATCH.get(backend, AUTO_MOE_DISPATCH_OTHER)
+        if self.attention_impl == AUTO:
+            changes["attention_impl"] = AUTO_ATTENTION.get(backend, AUTO_ATTENTION_OTHER)
+        if self.attention_block_size == 0:
+            block = AUTO_ATTENTION_BLOCK.get(backend, AUTO_ATTENTION_BLOCK_OTHER)
+            changes["attention_block_size"] = block
         if self.scan_unroll == 0:
             cpu = backend == "cpu"
             changes["scan_unroll"] = min(self.num_blocks, AUTO_SCAN_UNROLL_CPU) if cpu else 1
@@ -351,10 +370,10 @@ def _validate_runtime(c: QwenConfig) -> None:
     _check(c.moe_block_size > 0, "moe_block_size", c.moe_block_size, "must be positive")
     _check(c.moe_capacity_factor > 0, "moe_capacity_factor", c.moe_capacity_factor,
            "must be positive")  # fmt: skip
-    _check(c.attention_impl in ATTENTION_IMPLS, "attention_impl", c.attention_impl,
-           f"must be one of {ATTENTION_IMPLS}")  # fmt: skip
-    _check(c.attention_block_size > 0, "attention_block_size", c.attention_block_size,
-           "must be positive")  # fmt: skip
+    _check(c.attention_impl in (AUTO, *ATTENTION_IMPLS), "attention_impl", c.attention_impl,
+           f"must be {AUTO!r} or one of {ATTENTION_IMPLS}")  # fmt: skip
+    _check(c.attention_block_size >= 0, "attention_block_size", c.attention_block_size,
+           "must be >= 0 (0: auto)")  # fmt: skip
     _check(c.deltanet_chunk_size > 0, "deltanet_chunk_size", c.deltanet_chunk_size,
            "must be positive")  # fmt: skip
     _check(c.scan_unroll >= 0, "scan_unroll", c.scan_unroll, "must be >= 0 (0: auto)")

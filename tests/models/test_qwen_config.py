@@ -41,14 +41,24 @@ def test_invalid_configs_name_the_field(changes, field):
 
 def test_auto_runtime_values_resolve_per_backend_and_explicit_ones_stay():
     deep = TINY.replace(num_layers=40, layer_types=TINY.layer_types * 10)  # 10 blocks
-    assert (TINY.moe_dispatch, TINY.scan_unroll) == ("auto", 0)  # the defaults
+    # the defaults
+    assert (TINY.moe_dispatch, TINY.scan_unroll) == ("auto", 0)
+    assert (TINY.attention_impl, TINY.attention_block_size) == ("auto", 0)
     cpu, gpu, tpu = deep.resolved("cpu"), deep.resolved("gpu"), deep.resolved("tpu")
     assert (cpu.moe_dispatch, cpu.scan_unroll) == ("capacity", 8)
     assert (gpu.moe_dispatch, gpu.scan_unroll) == ("ragged", 1)
     assert (tpu.moe_dispatch, tpu.scan_unroll) == ("ragged", 1)
+    assert (cpu.attention_impl, cpu.attention_block_size) == ("flash", 256)
+    assert (gpu.attention_impl, gpu.attention_block_size) == ("dense", 512)
+    assert (tpu.attention_impl, tpu.attention_block_size) == ("dense", 512)
     assert TINY.resolved("cpu").scan_unroll == 1  # one block: nothing to unroll
-    explicit = deep.replace(moe_dispatch="sorted", scan_unroll=2)
+    explicit = deep.replace(moe_dispatch="sorted", scan_unroll=2, attention_impl="dense",
+                            attention_block_size=128)  # fmt: skip
     assert explicit.resolved("cpu") == explicit and explicit.resolved("gpu") == explicit
+    # each auto value resolves on its own; the explicit ones beside it stay
+    mixed = deep.replace(moe_dispatch="sorted", scan_unroll=2, attention_block_size=64)
+    assert mixed.resolved("cpu") == mixed.replace(attention_impl="flash")
+    assert mixed.resolved("gpu") == mixed.replace(attention_impl="dense")
     # A model resolves its config when built: `model.config` says what runs here.
     model = nnx.eval_shape(lambda: Qwen(deep, rngs=nnx.Rngs(0)))
     assert model.config == deep.resolved(jax.default_backend())

@@ -34,7 +34,7 @@ def test_memory_options_are_validated():
     with pytest.raises(ValueError, match="attention_impl"):
         tiny.replace(attention_impl="splash")
     with pytest.raises(ValueError, match="attention_block_size"):
-        tiny.replace(attention_block_size=0)
+        tiny.replace(attention_block_size=-1)
     restored = models.QwenConfig.from_dict(
         tiny.replace(moe_shard_local=True, attention_impl="flash", remat_per_layer=True).to_dict()
     )
