@@ -53,7 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             seed=0,
         )
     )
-    # Each stage's own demo config, resized for two CPU cores (14.5 minutes measured on
+    # Each stage's own demo config, resized for two CPU cores (11.5 minutes measured on
     # 2026-12-04 against a 15-minute target): SFT from the base long enough to learn the
     # agent's output format (dev loss 2.5 at step 52; the tiny model does not learn the task
     # itself in this budget: the report's evaluation says so), OPD back toward the base, two

@@ -10,7 +10,10 @@ assistant turn they belong to (1 = the first reply to the viewer), and by their 
 turn (the first call, or a later one after other calls of the same turn), and the most common
 confusions are listed. A policy that has learned the output format but not the decision
 (e.g. it calls the first turn's tool in every turn) shows here as high accuracy on turn 1's
-first call and near zero elsewhere.
+first call and near zero elsewhere. The gold prefix holds the turn's reasoning: when that
+names the tool before the call (the scripted teacher's "Load after-sales; call
+get_after_sales_policy." does), a high score may be copying the name from a few tokens back,
+not deciding; decoding on its own (an evaluation set's episodes) says which.
 
 The policy is any `greedy_fn(ids: int32[1, T]) -> int[1, T]`, the argmax next token at every
 position; `model_greedy_fn` wraps a `models.Qwen` (the argmax is taken on the devices, so
