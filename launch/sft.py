@@ -224,6 +224,9 @@ def _eval_lines(path) -> list[str]:
             for key, label in (("first_turn", "first turn"), ("later_turns", "later turns")):
                 if r.get(f"eval/tool_choice_{key}") is not None:
                     parts.append(f"{label} {100 * r[f'eval/tool_choice_{key}']:.1f}%")
+            decision = r.get("eval/tool_decision")
+            if decision is not None and decision == decision:  # NaN: the reasoning names none
+                parts.append(f"named first in the reasoning {100 * decision:.1f}%")
             line += "; tool choice (teacher-forced) " + ", ".join(parts)
         if r.get("eval/copy") is not None:
             line += f"; in-context copying {100 * r['eval/copy']:.1f}%"

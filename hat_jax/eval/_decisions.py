@@ -12,8 +12,10 @@ confusions are listed. A policy that has learned the output format but not the d
 (e.g. it calls the first turn's tool in every turn) shows here as high accuracy on turn 1's
 first call and near zero elsewhere. The gold prefix holds the turn's reasoning: when that
 names the tool before the call (the scripted teacher's "Load after-sales; call
-get_after_sales_policy." does), a high score may be copying the name from a few tokens back,
-not deciding; decoding on its own (an evaluation set's episodes) says which.
+get_after_sales_policy." does), the score at the call may be copying the name from a few
+tokens back, not deciding. So the calls whose name the turn's reasoning writes first are also
+scored at that mention (`reasoned`), where the tool is chosen. And calls that every turn
+makes (the Skill loader, the reply) can carry the overall figure: `by_name` separates them.
 
 The policy is any `greedy_fn(ids: int32[1, T]) -> int[1, T]`, the argmax next token at every
 position; `model_greedy_fn` wraps a `models.Qwen` (the argmax is taken on the devices, so
@@ -38,6 +40,7 @@ from hat_jax import chat_format
 
 _CALL = re.compile(r"<function=([^>\n]*)>")
 _TURN = "<|im_start|>assistant"
+_THINK_END = "</think>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +53,20 @@ class CallSite:
         the `=` before it counts: the model must predict it).
       turn: the assistant turn, 1-based within the row's conversation.
       index: the call's place in its turn, 0 = the first.
+      decision: the row positions of the name's first writing in its turn: its first
+        mention in the turn's reasoning (trained tokens) when there is one, else `tokens`.
     """
 
     name: str
     tokens: tuple[int, ...]
     turn: int
     index: int
+    decision: tuple[int, ...] = ()
+
+    @property
+    def in_reasoning(self) -> bool:
+        """The name is written in the turn's reasoning before the call."""
+        return bool(self.decision) and self.decision != self.tokens
 
 
 def token_offsets(rendered: Any, tokenizer: Any, name: str) -> list[tuple[int, int]]:
@@ -83,20 +94,42 @@ def call_sites(text: str, offsets: list[tuple[int, int]], loss_mask: list[int]) 
     starts = np.array([s for s, _ in offsets], dtype=np.int64)
     ends = np.array([e for _, e in offsets], dtype=np.int64)
     turn_starts = [m.start() for m in re.finditer(re.escape(_TURN), text)]
+
+    def covering(lo: int, hi: int) -> tuple[int, ...] | None:
+        """The tokens overlapping [lo, hi) when every one is trained."""
+        idx = np.nonzero((starts < hi) & (ends > lo))[0]
+        if not len(idx) or not all(loss_mask[i] for i in idx):
+            return None
+        return tuple(int(i) for i in idx)
+
     sites: list[CallSite] = []
     per_turn: collections.Counter[int] = collections.Counter()
     for match in _CALL.finditer(text):
         lo, hi = match.span(1)
         if hi <= lo:
             continue
-        # tokens overlapping [lo, hi)
-        idx = np.nonzero((starts < hi) & (ends > lo))[0]
-        if not len(idx) or not all(loss_mask[i] for i in idx):
+        tokens = covering(lo, hi)
+        if tokens is None:
             continue  # a call in a prompt turn or an untrained (weight 0) turn
         turn = bisect.bisect_left(turn_starts, match.start())  # assistant turns opened before
-        sites.append(CallSite(match.group(1), tuple(int(i) for i in idx), turn, per_turn[turn]))
+        decision = tokens
+        if turn:  # the name's first mention in this turn's reasoning, before the call
+            start = turn_starts[turn - 1]
+            head = text[start : match.start()]
+            think = head.find(_THINK_END)
+            reasoning = head[:think] if think >= 0 else ""  # no think block: no mention
+            named = _mention(match.group(1)).search(reasoning)
+            if named:
+                decision = covering(start + named.start(), start + named.end()) or tokens
+        sites.append(CallSite(match.group(1), tokens, turn, per_turn[turn], decision))
         per_turn[turn] += 1
     return sites
+
+
+@functools.lru_cache(maxsize=256)
+def _mention(name: str) -> re.Pattern:
+    """The name as a whole word (not inside a longer identifier)."""
+    return re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])")
 
 
 @dataclasses.dataclass
@@ -133,14 +166,17 @@ def tool_choice(
       confusions: how many of the commonest wrong choices to list.
 
     Returns:
-      `{"calls", "right", "accuracy", "by_name", "by_turn", "by_index", "confusions",
-      "rows", "skipped_rows"}`; `by_index` keys are "first" and "later" (calls after another
-      in the same turn); a confusion is `{"gold", "predicted", "count"}` with the predicted
+      `{"calls", "right", "accuracy", "by_name", "by_turn", "by_index", "reasoned",
+      "confusions", "rows", "skipped_rows"}`; `by_index` keys are "first" and "later" (calls
+      after another in the same turn); `reasoned` counts the calls whose name the turn's
+      reasoning writes first, scored there (`CallSite.decision`), with `right_at_call` how
+      many of them are right at the call; a confusion is `{"gold", "predicted", "count"}` with the predicted
       name decoded from the argmax tokens.
     """
     import data  # the training rows' own split
 
     total, names, turns, index = _Tally(), {}, {}, {"first": _Tally(), "later": _Tally()}
+    reasoned, reasoned_at_call = _Tally(), 0
     wrong: collections.Counter[tuple[str, str]] = collections.Counter()
     rows = skipped = 0
     for conv in conversations:
@@ -165,12 +201,17 @@ def tool_choice(
                 names.setdefault(site.name, _Tally()).add(ok)
                 turns.setdefault(site.turn, _Tally()).add(ok)
                 index["first" if site.index == 0 else "later"].add(ok)
+                if site.in_reasoning:
+                    named = [int(ids[i]) for i in site.decision]
+                    reasoned.add([int(predicted[i - 1]) for i in site.decision] == named)
+                    reasoned_at_call += int(ok)
                 if not ok:
                     wrong[(site.name, _guessed_name(tokenizer, guess))] += 1
     return total.as_dict() | {
         "by_name": {k: v.as_dict() for k, v in sorted(names.items())},
         "by_turn": {str(k): v.as_dict() for k, v in sorted(turns.items())},
         "by_index": {k: v.as_dict() for k, v in index.items()},
+        "reasoned": reasoned.as_dict() | {"right_at_call": reasoned_at_call},
         "confusions": [
             {"gold": gold, "predicted": guess, "count": n}
             for (gold, guess), n in wrong.most_common(confusions)
@@ -224,8 +265,10 @@ def tool_choice_evaluation(
     conversations: Sequence[Any], tokenizer: Any, *, enable_thinking: bool = True
 ) -> Callable[[Any], dict[str, float]]:
     """`model -> figures` for a training stage's evaluations: `tool_choice` (all calls),
-    `tool_choice_first_turn` (calls of the first assistant turn) and `tool_choice_later_turns`
-    (calls of every later assistant turn)."""
+    `tool_choice_first_turn` (calls of the first assistant turn), `tool_choice_later_turns`
+    (calls of every later assistant turn) and `tool_decision` (the calls whose name the turn's
+    reasoning writes first, scored at that mention: where the tool is chosen; NaN when the
+    reasoning names none)."""
     conversations = list(conversations)
     if not conversations:
         raise ValueError("tool_choice_evaluation: no conversations")
@@ -241,6 +284,7 @@ def tool_choice_evaluation(
             "tool_choice": report["accuracy"],
             "tool_choice_first_turn": first["right"] / first["calls"] if first["calls"] else nan,
             "tool_choice_later_turns": r_later / n_later if n_later else nan,
+            "tool_decision": report["reasoned"]["accuracy"],
         }
 
     return evaluate
@@ -255,6 +299,10 @@ def format_tool_choice(report: Mapping[str, Any]) -> str:
     out = [line("all calls", report)]
     out += [line(f"turn {k}", v) for k, v in report["by_turn"].items()]
     out += [line(f"{k} call of its turn", v) for k, v in report["by_index"].items() if v["calls"]]
+    if report.get("reasoned", {}).get("calls"):
+        d = report["reasoned"]
+        out.append(line("named first in the reasoning", d)
+                   + f"  (at the call {d['right_at_call']}/{d['calls']})")  # fmt: skip
     out += [line(name, v) for name, v in report["by_name"].items()]
     if report["confusions"]:
         out.append("  commonest wrong choices (gold -> predicted):")

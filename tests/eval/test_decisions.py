@@ -92,17 +92,34 @@ def test_call_sites_find_trained_calls_by_turn_and_place(tokenizer):
         spelled = tokenizer.decode([rendered.ids[i] for i in site.tokens])
         assert spelled.lstrip("=") == site.name
         assert all(rendered.loss_mask[i] for i in site.tokens)
+    # "Load product-qa; call search_products.": that name is first written in the reasoning,
+    # before its call; load_skill and reply_public are not named there
+    assert [s.in_reasoning for s in sites] == [False, True, False]
+    search = sites[1]
+    assert search.decision[-1] < search.tokens[0]
+    assert tokenizer.decode([rendered.ids[i] for i in search.decision]).strip() == "search_products"
+    assert all(rendered.loss_mask[i] for i in search.decision)
+    assert sites[0].decision == sites[0].tokens and sites[2].decision == sites[2].tokens
     with pytest.raises(ValueError, match="differ"):
         _decisions.call_sites(rendered.text, offsets[:-1], rendered.loss_mask)
 
 
-def _oracle(wrong_names=(), tokenizer=None, guess=None):
-    """Predicts each next token, except at the name tokens of `wrong_names` (predicts `guess`)."""
+def search_first_mention(rendered, offsets):
+    """The first token of "search_products" in the reasoning of the conversation's row."""
+    sites = _decisions.call_sites(rendered.text, offsets, rendered.loss_mask)
+    return next(s.decision[0] for s in sites if s.in_reasoning)
+
+
+def _oracle(wrong_names=(), tokenizer=None, guess=None, wrong_at=None):
+    """Predicts each next token, except at the name tokens of `wrong_names`, and at row
+    position `wrong_at`, where it predicts `guess`."""
 
     def greedy_fn(ids):
         ids = ids[0]
         predicted = np.zeros((1, len(ids)), np.int32)
         predicted[0, :-1] = ids[1:]
+        if wrong_at is not None:
+            predicted[0, wrong_at - 1] = guess
         if wrong_names:
             text = tokenizer.decode(ids.tolist())
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -139,6 +156,16 @@ def test_tool_choice_scores_by_name_turn_and_place(tokenizer):
     text = hev.format_tool_choice(report)
     assert "reply_public" in text and "4/6" in text
 
+    assert report["reasoned"] == {"calls": 2, "right": 2, "accuracy": 1.0, "right_at_call": 2}
+
+    # right at every call, wrong where the reasoning first names search_products: a policy
+    # that copies the name it was given but would not have written it
+    mention = search_first_mention(rendered, offsets)
+    copier = hev.tool_choice(_oracle(wrong_at=mention, guess=guess), convs, tokenizer)
+    assert (copier["calls"], copier["right"]) == (6, 6)
+    assert copier["reasoned"] == {"calls": 2, "right": 0, "accuracy": 0.0, "right_at_call": 2}
+    assert "named first in the reasoning" in hev.format_tool_choice(copier)
+
     skipped = hev.tool_choice(_oracle(), convs, tokenizer, max_len=10)
     assert skipped["calls"] == 0 and skipped["skipped_rows"] == 2
 
@@ -155,7 +182,10 @@ def test_model_greedy_fn_is_the_unpadded_argmax_and_the_evaluation_reads_it(toke
     figures = hev.tool_choice_evaluation(convs, tokenizer)(model)
     report = hev.tool_choice(hev.model_greedy_fn(model), convs, tokenizer)
     assert figures["tool_choice"] == report["accuracy"]
-    assert set(figures) == {"tool_choice", "tool_choice_first_turn", "tool_choice_later_turns"}
+    np.testing.assert_equal(figures["tool_decision"], report["reasoned"]["accuracy"])
+    assert set(figures) == {
+        "tool_choice", "tool_choice_first_turn", "tool_choice_later_turns", "tool_decision"
+    }  # fmt: skip
     with pytest.raises(ValueError, match="no conversations"):
         hev.tool_choice_evaluation([], tokenizer)
 
