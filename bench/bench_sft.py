@@ -127,14 +127,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", choices=("demo", "mid", "attention"), help="one part only")
     parser.add_argument("--no-plan", action="store_true", help="skip the memory plan")
     args = parser.parse_args(argv)
-    configs = [c for c in _configs() if args.only is None or c[0].startswith(args.only)]
+    all_configs = _configs()
+    configs = [c for c in all_configs if args.only is None or c[0].startswith(args.only)]
+    demo = all_configs[0][1]
     fns = {}
     for name, config, batch, length in configs:
         fns[f"{name}/step"] = sft_step_fn(config, batch, length)
         fns[f"{name}/bare"] = model_step_fn(config, batch, length)
     attention = args.only in (None, "attention")
     if attention:  # the default attention of this backend against the dense [T, T] scores
-        demo = _configs()[0][1]
         fns["row/default"] = sft_step_fn(demo, *DEMO_ROW)
         fns["row/dense"] = sft_step_fn(demo.replace(attention_impl="dense"), *DEMO_ROW)
     load = os.getloadavg()[0]
@@ -158,7 +159,7 @@ def main(argv: list[str]) -> int:
         print(f"{name:30s} {batch * length / median_step:9.0f} {median_step:7.3f} "
               f"{_spread(mfu):>22s} {ratio:11.2f}x", flush=True)  # fmt: skip
     if attention:
-        resolved = _configs()[0][1].resolved()
+        resolved = demo.resolved()
         default, dense = times["row/default"], times["row/dense"]
         ratio = statistics.median(d / a for a, d in zip(default, dense, strict=True))
         print(f"\nthe demo's SFT step ({DEMO_ROW[0]} x {DEMO_ROW[1]:,} tokens, tiny): default "

@@ -14,6 +14,7 @@ Hugging Face checkpoint) or "orbax" (a `save_params` / training checkpoint direc
 
 import dataclasses
 import json
+import math
 import pathlib
 
 import jax
@@ -225,7 +226,7 @@ def _eval_lines(path) -> list[str]:
                 if r.get(f"eval/tool_choice_{key}") is not None:
                     parts.append(f"{label} {100 * r[f'eval/tool_choice_{key}']:.1f}%")
             decision = r.get("eval/tool_decision")
-            if decision is not None and decision == decision:  # NaN: the reasoning names none
+            if decision is not None and not math.isnan(decision):  # NaN: no tool named
                 parts.append(f"named first in the reasoning {100 * decision:.1f}%")
             line += "; tool choice (teacher-forced) " + ", ".join(parts)
         if r.get("eval/copy") is not None:

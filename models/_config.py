@@ -25,9 +25,9 @@ AUTO_MOE_DISPATCH = {"cpu": "capacity"}
 AUTO_MOE_DISPATCH_OTHER = "ragged"
 AUTO_SCAN_UNROLL_CPU = 8  # unroll shallow models on CPU; accelerators keep a rolled scan
 # Full attention: block-wise with 256-position blocks on CPU (score tiles that stay in cache:
-# the demo's SFT step at 2 x 5,376 tokens runs 1.8x faster than with the dense [T, T]
-# scores, `python -m bench.bench_sft --only demo`); accelerators keep the dense scores
-# (XLA fuses them; a config that needs O(T) memory asks for "flash", 512-position blocks).
+# the demo's SFT step at 2 x 5,376 tokens runs 1.7x faster than with the dense [T, T]
+# scores, `python -m bench.bench_sft --only attention`); accelerators keep the dense scores,
+# as before (not measured there; a config that needs O(T) memory asks for "flash").
 AUTO_ATTENTION = {"cpu": "flash"}
 AUTO_ATTENTION_OTHER = "dense"
 AUTO_ATTENTION_BLOCK = {"cpu": 256}

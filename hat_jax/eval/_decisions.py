@@ -170,8 +170,8 @@ def tool_choice(
       "confusions", "rows", "skipped_rows"}`; `by_index` keys are "first" and "later" (calls
       after another in the same turn); `reasoned` counts the calls whose name the turn's
       reasoning writes first, scored there (`CallSite.decision`), with `right_at_call` how
-      many of them are right at the call; a confusion is `{"gold", "predicted", "count"}` with the predicted
-      name decoded from the argmax tokens.
+      many of them are right at the call; a confusion is `{"gold", "predicted", "count"}`
+      with the predicted name decoded from the argmax tokens.
     """
     import data  # the training rows' own split
 
