@@ -228,6 +228,9 @@ def _eval_lines(path) -> list[str]:
             decision = r.get("eval/tool_decision")
             if decision is not None and not math.isnan(decision):  # NaN: no tool named
                 parts.append(f"named first in the reasoning {100 * decision:.1f}%")
+            skill = r.get("eval/skill_decision")
+            if skill is not None and not math.isnan(skill):  # NaN: no Skill loaded
+                parts.append(f"Skill named {100 * skill:.1f}%")
             line += "; tool choice (teacher-forced) " + ", ".join(parts)
         if r.get("eval/copy") is not None:
             line += f"; in-context copying {100 * r['eval/copy']:.1f}%"

@@ -17,6 +17,13 @@ tokens back, not deciding. So the calls whose name the turn's reasoning writes f
 scored at that mention (`reasoned`), where the tool is chosen. And calls that every turn
 makes (the Skill loader, the reply) can carry the overall figure: `by_name` separates them.
 
+Which Skill to load is the other decision, and it is an argument, not a name: for every
+trained `load_skill` call the Skill it names is scored the same way, at its first writing in
+the turn's reasoning ("Load after-sales; ...") when there is one, else at the argument
+(`skills`: by gold Skill, with the commonest wrong choices). A policy that writes the same
+Skill for every comment shows here as one Skill right and every other Skill near zero, while
+its tool choice can look fine (`load_skill` itself is right in every turn).
+
 The policy is any `greedy_fn(ids: int32[1, T]) -> int[1, T]`, the argmax next token at every
 position; `model_greedy_fn` wraps a `models.Qwen` (the argmax is taken on the devices, so
 only token ids come back). Rows follow the training rows (`data.split_rows`), so a call is
@@ -37,8 +44,12 @@ from typing import Any
 import numpy as np
 
 from hat_jax import chat_format
+from hat_jax.harness import LOAD_SKILL
 
 _CALL = re.compile(r"<function=([^>\n]*)>")
+# The first argument of a call block (the Qwen3.5 XML tool-call format: the value on its own
+# lines between the parameter tags); `load_skill` takes one, the Skill's name.
+_ARGUMENT = re.compile(r"\n?<parameter=[^>\n]*>\n(.*?)\n</parameter>", re.S)
 _TURN = "<|im_start|>assistant"
 _THINK_END = "</think>"
 
@@ -78,6 +89,42 @@ def token_offsets(rendered: Any, tokenizer: Any, name: str) -> list[tuple[int, i
     return list(enc["offset_mapping"])
 
 
+class _Row:
+    """A rendered row's token spans: which trained tokens cover a character range, and where a
+    name is first written in an assistant turn's reasoning."""
+
+    def __init__(self, text: str, offsets: list[tuple[int, int]], loss_mask: list[int]):
+        if len(offsets) != len(loss_mask):
+            raise ValueError(f"offsets ({len(offsets)}) and loss_mask ({len(loss_mask)}) differ")
+        self.text, self.loss_mask = text, loss_mask
+        self.starts = np.array([s for s, _ in offsets], dtype=np.int64)
+        self.ends = np.array([e for _, e in offsets], dtype=np.int64)
+        self.turn_starts = [m.start() for m in re.finditer(re.escape(_TURN), text)]
+
+    def covering(self, lo: int, hi: int) -> tuple[int, ...] | None:
+        """The tokens overlapping [lo, hi) when every one is trained."""
+        idx = np.nonzero((self.starts < hi) & (self.ends > lo))[0]
+        if not len(idx) or not all(self.loss_mask[i] for i in idx):
+            return None
+        return tuple(int(i) for i in idx)
+
+    def turn(self, pos: int) -> int:
+        """How many assistant turns open before character `pos` (its turn, 1-based)."""
+        return bisect.bisect_left(self.turn_starts, pos)
+
+    def first_mention(self, turn: int, before: int, name: str) -> tuple[int, ...] | None:
+        """The trained tokens of `name`'s first whole-word writing in turn `turn`'s reasoning
+        (the think block, before character `before`), or None."""
+        if not turn:
+            return None
+        start = self.turn_starts[turn - 1]
+        head = self.text[start:before]
+        think = head.find(_THINK_END)
+        reasoning = head[:think] if think >= 0 else ""  # no think block: no mention
+        named = _mention(name).search(reasoning)
+        return self.covering(start + named.start(), start + named.end()) if named else None
+
+
 def call_sites(text: str, offsets: list[tuple[int, int]], loss_mask: list[int]) -> list[CallSite]:
     """The trained tool calls of one rendered row.
 
@@ -89,40 +136,70 @@ def call_sites(text: str, offsets: list[tuple[int, int]], loss_mask: list[int]) 
     Raises:
       ValueError: the offsets and the mask differ in length.
     """
-    if len(offsets) != len(loss_mask):
-        raise ValueError(f"offsets ({len(offsets)}) and loss_mask ({len(loss_mask)}) differ")
-    starts = np.array([s for s, _ in offsets], dtype=np.int64)
-    ends = np.array([e for _, e in offsets], dtype=np.int64)
-    turn_starts = [m.start() for m in re.finditer(re.escape(_TURN), text)]
-
-    def covering(lo: int, hi: int) -> tuple[int, ...] | None:
-        """The tokens overlapping [lo, hi) when every one is trained."""
-        idx = np.nonzero((starts < hi) & (ends > lo))[0]
-        if not len(idx) or not all(loss_mask[i] for i in idx):
-            return None
-        return tuple(int(i) for i in idx)
-
+    row = _Row(text, offsets, loss_mask)
     sites: list[CallSite] = []
     per_turn: collections.Counter[int] = collections.Counter()
     for match in _CALL.finditer(text):
         lo, hi = match.span(1)
         if hi <= lo:
             continue
-        tokens = covering(lo, hi)
+        tokens = row.covering(lo, hi)
         if tokens is None:
             continue  # a call in a prompt turn or an untrained (weight 0) turn
-        turn = bisect.bisect_left(turn_starts, match.start())  # assistant turns opened before
-        decision = tokens
-        if turn:  # the name's first mention in this turn's reasoning, before the call
-            start = turn_starts[turn - 1]
-            head = text[start : match.start()]
-            think = head.find(_THINK_END)
-            reasoning = head[:think] if think >= 0 else ""  # no think block: no mention
-            named = _mention(match.group(1)).search(reasoning)
-            if named:
-                decision = covering(start + named.start(), start + named.end()) or tokens
+        turn = row.turn(match.start())
+        decision = row.first_mention(turn, match.start(), match.group(1)) or tokens
         sites.append(CallSite(match.group(1), tokens, turn, per_turn[turn], decision))
         per_turn[turn] += 1
+    return sites
+
+
+@dataclasses.dataclass(frozen=True)
+class SkillSite:
+    """The Skill one trained `load_skill` call names.
+
+    Attributes:
+      skill: the gold Skill name (as the row's Harness state spells it).
+      tokens: the row positions of the argument's tokens.
+      turn: the assistant turn, 1-based within the row's conversation.
+      decision: the row positions of the Skill's first writing in its turn's reasoning when
+        there is one (where it is chosen), else `tokens`.
+    """
+
+    skill: str
+    tokens: tuple[int, ...]
+    turn: int
+    decision: tuple[int, ...]
+
+
+def skill_sites(
+    text: str,
+    offsets: list[tuple[int, int]],
+    loss_mask: list[int],
+    *,
+    loader: str = LOAD_SKILL,
+) -> list[SkillSite]:
+    """The Skills named by the trained calls of `loader` (the Skill-loading tool) in one
+    rendered row; arguments are as in `call_sites`.
+
+    Raises:
+      ValueError: the offsets and the mask differ in length.
+    """
+    row = _Row(text, offsets, loss_mask)
+    sites: list[SkillSite] = []
+    for match in _CALL.finditer(text):
+        if match.group(1) != loader:
+            continue
+        argument = _ARGUMENT.match(text, match.end())
+        if argument is None or not argument.group(1).strip():
+            continue
+        value = argument.group(1).strip()
+        lo = argument.start(1) + argument.group(1).index(value)
+        tokens = row.covering(lo, lo + len(value))
+        if tokens is None:
+            continue  # a prompt turn's or an untrained turn's call
+        turn = row.turn(match.start())
+        decision = row.first_mention(turn, match.start(), value) or tokens
+        sites.append(SkillSite(value, tokens, turn, decision))
     return sites
 
 
@@ -171,13 +248,17 @@ def tool_choice(
       after another in the same turn); `reasoned` counts the calls whose name the turn's
       reasoning writes first, scored there (`CallSite.decision`), with `right_at_call` how
       many of them are right at the call; a confusion is `{"gold", "predicted", "count"}`
-      with the predicted name decoded from the argmax tokens.
+      with the predicted name decoded from the argmax tokens. `skills` scores the Skill
+      each trained `load_skill` call names (`skill_sites`) where it is first written:
+      `{"calls", "right", "accuracy", "right_at_argument", "by_skill", "confusions"}`.
     """
     import data  # the training rows' own split
 
     total, names, turns, index = _Tally(), {}, {}, {"first": _Tally(), "later": _Tally()}
     reasoned, reasoned_at_call = _Tally(), 0
     wrong: collections.Counter[tuple[str, str]] = collections.Counter()
+    skills, skill_names, skills_at_argument = _Tally(), {}, 0
+    wrong_skill: collections.Counter[tuple[str, str]] = collections.Counter()
     rows = skipped = 0
     for conv in conversations:
         for row in data.split_rows(conv, enable_thinking=enable_thinking):
@@ -187,8 +268,8 @@ def tool_choice(
             if max_len and len(rendered.ids) > max_len:
                 skipped += 1
                 continue
-            sites = call_sites(rendered.text, token_offsets(rendered, tokenizer, conv.id),
-                               rendered.loss_mask)  # fmt: skip
+            offsets = token_offsets(rendered, tokenizer, conv.id)
+            sites = call_sites(rendered.text, offsets, rendered.loss_mask)
             if not sites:
                 continue
             rows += 1
@@ -207,6 +288,15 @@ def tool_choice(
                     reasoned_at_call += int(ok)
                 if not ok:
                     wrong[(site.name, _guessed_name(tokenizer, guess))] += 1
+            for site in skill_sites(rendered.text, offsets, rendered.loss_mask):
+                guess = [int(predicted[i - 1]) for i in site.decision]
+                ok = guess == [int(ids[i]) for i in site.decision]
+                skills.add(ok)
+                skill_names.setdefault(site.skill, _Tally()).add(ok)
+                at_argument = [int(predicted[i - 1]) for i in site.tokens]
+                skills_at_argument += int(at_argument == [int(ids[i]) for i in site.tokens])
+                if not ok:
+                    wrong_skill[(site.skill, tokenizer.decode(guess).strip())] += 1
     return total.as_dict() | {
         "by_name": {k: v.as_dict() for k, v in sorted(names.items())},
         "by_turn": {str(k): v.as_dict() for k, v in sorted(turns.items())},
@@ -216,6 +306,15 @@ def tool_choice(
             {"gold": gold, "predicted": guess, "count": n}
             for (gold, guess), n in wrong.most_common(confusions)
         ],
+        "skills": skills.as_dict()
+        | {
+            "right_at_argument": skills_at_argument,
+            "by_skill": {k: v.as_dict() for k, v in sorted(skill_names.items())},
+            "confusions": [
+                {"gold": gold, "predicted": guess, "count": n}
+                for (gold, guess), n in wrong_skill.most_common(confusions)
+            ],
+        },
         "rows": rows,
         "skipped_rows": skipped,
     }
@@ -266,9 +365,10 @@ def tool_choice_evaluation(
 ) -> Callable[[Any], dict[str, float]]:
     """`model -> figures` for a training stage's evaluations: `tool_choice` (all calls),
     `tool_choice_first_turn` (calls of the first assistant turn), `tool_choice_later_turns`
-    (calls of every later assistant turn) and `tool_decision` (the calls whose name the turn's
+    (calls of every later assistant turn), `tool_decision` (the calls whose name the turn's
     reasoning writes first, scored at that mention: where the tool is chosen; NaN when the
-    reasoning names none)."""
+    reasoning names none) and `skill_decision` (the Skill each `load_skill` call names, scored
+    where it is first written; NaN when no call loads one)."""
     conversations = list(conversations)
     if not conversations:
         raise ValueError("tool_choice_evaluation: no conversations")
@@ -285,6 +385,7 @@ def tool_choice_evaluation(
             "tool_choice_first_turn": first["right"] / first["calls"] if first["calls"] else nan,
             "tool_choice_later_turns": r_later / n_later if n_later else nan,
             "tool_decision": report["reasoned"]["accuracy"],
+            "skill_decision": report["skills"]["accuracy"],
         }
 
     return evaluate
@@ -309,4 +410,13 @@ def format_tool_choice(report: Mapping[str, Any]) -> str:
         out += [
             f"    {c['gold']} -> {c['predicted']!r}: {c['count']}" for c in report["confusions"]
         ]
+    skills = report.get("skills", {})
+    if skills.get("calls"):
+        out.append(line("Skill named (where first written)", skills)
+                   + f"  (at the argument {skills['right_at_argument']}/{skills['calls']})")  # fmt: skip
+        out += [line(f"Skill {name}", v) for name, v in skills["by_skill"].items()]
+        if skills["confusions"]:
+            out.append("  commonest wrong Skills (gold -> predicted):")
+            out += [f"    {c['gold']} -> {c['predicted']!r}: {c['count']}"
+                    for c in skills["confusions"]]  # fmt: skip
     return "\n".join(out)

@@ -170,6 +170,55 @@ def test_tool_choice_scores_by_name_turn_and_place(tokenizer):
     assert skipped["calls"] == 0 and skipped["skipped_rows"] == 2
 
 
+def test_skill_sites_find_the_skill_each_trained_load_names(tokenizer):
+    ((rendered, offsets),) = _rows(_conversation(prompt_call=True), tokenizer)
+    (site,) = _decisions.skill_sites(rendered.text, offsets, rendered.loss_mask)
+    assert (site.skill, site.turn) == ("product-qa", 2)
+    spell = lambda idx: tokenizer.decode([rendered.ids[i] for i in idx]).strip()  # noqa: E731
+    assert spell(site.tokens) == "product-qa"
+    # "Load product-qa; call search_products.": chosen where the reasoning first writes it
+    assert site.decision[-1] < site.tokens[0] and spell(site.decision) == "product-qa"
+    assert all(rendered.loss_mask[i] for i in site.decision + site.tokens)
+    # a load whose turn's reasoning does not name the Skill is scored at its argument; an
+    # untrained (weight 0) turn's load is context
+    conv = _conversation()
+    conv.messages[2]["reasoning_content"] = "Greet them."
+    conv.messages[2]["tool_calls"][0]["function"]["arguments"] = {"x": "chit-chat"}
+    conv.messages.insert(2, {"role": "assistant", "content": "", "weight": 0, "reasoning_content": "x",
+                             "tool_calls": [_call("load_skill", 0, x="general-reply")]})  # fmt: skip
+    conv.messages.insert(3, {"role": "tool", "content": "Skill loaded."})
+    ((rendered, offsets),) = _rows(conv, tokenizer)
+    (site,) = _decisions.skill_sites(rendered.text, offsets, rendered.loss_mask)
+    assert site.skill == "chit-chat" and site.decision == site.tokens
+    assert _decisions.skill_sites(rendered.text, offsets, rendered.loss_mask, loader="x") == []
+    with pytest.raises(ValueError, match="differ"):
+        _decisions.skill_sites(rendered.text, offsets[:-1], rendered.loss_mask)
+
+
+def test_tool_choice_scores_the_skill_where_it_is_chosen(tokenizer):
+    convs = [_conversation("a"), _conversation("b")]
+    perfect = hev.tool_choice(_oracle(), convs, tokenizer)["skills"]
+    assert (perfect["calls"], perfect["right"], perfect["right_at_argument"]) == (2, 2, 2)
+    assert perfect["by_skill"] == {"product-qa": {"calls": 2, "right": 2, "accuracy": 1.0}}
+
+    # wrong where the reasoning first writes the Skill, right at the argument (copied from
+    # the reasoning): the Skill was not chosen
+    ((rendered, offsets),) = _rows(convs[0], tokenizer)
+    (site,) = _decisions.skill_sites(rendered.text, offsets, rendered.loss_mask)
+    other = tokenizer("general", add_special_tokens=False)["input_ids"][0]
+    report = hev.tool_choice(_oracle(wrong_at=site.decision[0], guess=other), convs, tokenizer)
+    skills = report["skills"]
+    assert (skills["calls"], skills["right"], skills["accuracy"]) == (2, 0, 0.0)
+    assert skills["right_at_argument"] == 2
+    (confusion,) = skills["confusions"]
+    assert confusion["gold"] == "product-qa" and confusion["count"] == 2
+    wrote = [other] + [rendered.ids[i] for i in site.decision[1:]]
+    assert confusion["predicted"] == tokenizer.decode(wrote).strip() != "product-qa"
+    assert report["accuracy"] == 1.0  # every tool name is still right
+    text = hev.format_tool_choice(report)
+    assert "Skill named (where first written)" in text and "Skill product-qa" in text
+
+
 @pytest.mark.slow
 def test_model_greedy_fn_is_the_unpadded_argmax_and_the_evaluation_reads_it(tokenizer):
     config = models.PRESETS["tiny"].replace(vocab_size=-(-len(tokenizer) // 128) * 128)
@@ -183,9 +232,9 @@ def test_model_greedy_fn_is_the_unpadded_argmax_and_the_evaluation_reads_it(toke
     report = hev.tool_choice(hev.model_greedy_fn(model), convs, tokenizer)
     assert figures["tool_choice"] == report["accuracy"]
     np.testing.assert_equal(figures["tool_decision"], report["reasoned"]["accuracy"])
-    assert set(figures) == {
-        "tool_choice", "tool_choice_first_turn", "tool_choice_later_turns", "tool_decision"
-    }  # fmt: skip
+    np.testing.assert_equal(figures["skill_decision"], report["skills"]["accuracy"])
+    assert set(figures) == {"tool_choice", "tool_choice_first_turn", "tool_choice_later_turns",
+                            "tool_decision", "skill_decision"}  # fmt: skip
     with pytest.raises(ValueError, match="no conversations"):
         hev.tool_choice_evaluation([], tokenizer)
 

@@ -54,11 +54,13 @@ def test_sft_on_the_demo_corpus_then_export_to_hf(corpus, tmp_path):
     last = [r for r in _records(result.metrics_path) if "eval/tool_choice" in r][-1]
     assert last["step"] == 2 and "eval/loss" in last
     assert 0.0 <= last["eval/tool_choice"] <= 1.0
+    assert 0.0 <= last["eval/skill_decision"] <= 1.0  # every dev record loads a Skill
     assert 0.0 <= last["eval/copy"] <= 1.0  # the copying probe, with them
     lines = sft.summary(result)
     assert any("checkpoint:" in line for line in lines)
     assert any(line.startswith("eval at step 2: dev loss") and "tool choice" in line
-               and "in-context copying" in line for line in lines)  # fmt: skip
+               and "Skill named" in line and "in-context copying" in line
+               for line in lines)  # fmt: skip
     out = tmp_path / "hf"
     cmd = [sys.executable, "-m", "serve.convert", "to-hf", "--checkpoint",
            str(result.checkpoint_dir), "--out", str(out), "--dtype", "float32"]  # fmt: skip
