@@ -171,6 +171,22 @@ class SkillSite:
     decision: tuple[int, ...]
 
 
+def skill_loader(tools: Sequence[Mapping[str, Any]] | None) -> str:
+    """The surface name of the Skill-loading tool in a row's tool schemas: `load_skill`, or,
+    in a Harness state that renamed it, the one tool whose only parameter is `name` (HSA
+    renames tools but never their parameters, and in the bundled Harness `load_skill(name)` is
+    the only such tool). `load_skill` when none or several qualify."""
+    names = []
+    for tool in tools or ():
+        fn = tool.get("function", tool)
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        if fn.get("name") == LOAD_SKILL:
+            return LOAD_SKILL
+        if list(props) == ["name"]:
+            names.append(fn.get("name"))
+    return names[0] if len(names) == 1 and isinstance(names[0], str) else LOAD_SKILL
+
+
 def skill_sites(
     text: str,
     offsets: list[tuple[int, int]],
@@ -249,7 +265,8 @@ def tool_choice(
       reasoning writes first, scored there (`CallSite.decision`), with `right_at_call` how
       many of them are right at the call; a confusion is `{"gold", "predicted", "count"}`
       with the predicted name decoded from the argmax tokens. `skills` scores the Skill
-      each trained `load_skill` call names (`skill_sites`) where it is first written:
+      each trained call of the row's Skill loader (`skill_loader`: `load_skill` or its
+      renamed surface name) names (`skill_sites`) where it is first written:
       `{"calls", "right", "accuracy", "right_at_argument", "by_skill", "confusions"}`.
     """
     import data  # the training rows' own split
@@ -288,7 +305,8 @@ def tool_choice(
                     reasoned_at_call += int(ok)
                 if not ok:
                     wrong[(site.name, _guessed_name(tokenizer, guess))] += 1
-            for site in skill_sites(rendered.text, offsets, rendered.loss_mask):
+            loader = skill_loader(row.tools)
+            for site in skill_sites(rendered.text, offsets, rendered.loss_mask, loader=loader):
                 guess = [int(predicted[i - 1]) for i in site.decision]
                 ok = guess == [int(ids[i]) for i in site.decision]
                 skills.add(ok)

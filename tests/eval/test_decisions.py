@@ -26,8 +26,12 @@ TOOLS = [
 ]
 
 
-def _call(name, i, **arguments):
-    return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+def _call(function, i, **arguments):
+    return {
+        "id": f"c{i}",
+        "type": "function",
+        "function": {"name": function, "arguments": arguments},
+    }
 
 
 def _conversation(cid="a", prompt_call=False):
@@ -193,6 +197,32 @@ def test_skill_sites_find_the_skill_each_trained_load_names(tokenizer):
     assert _decisions.skill_sites(rendered.text, offsets, rendered.loss_mask, loader="x") == []
     with pytest.raises(ValueError, match="differ"):
         _decisions.skill_sites(rendered.text, offsets[:-1], rendered.loss_mask)
+
+
+def _tool(name, *params):
+    properties = {p: {"type": "string"} for p in params}
+    return {
+        "type": "function",
+        "function": {"name": name, "parameters": {"properties": properties}},
+    }
+
+
+def test_skill_loader_is_load_skill_or_its_renamed_surface():
+    assert _decisions.skill_loader(TOOLS) == "load_skill"
+    renamed = [_tool("find", "query"), _tool("use_skill", "name"), _tool("say", "text")]
+    assert _decisions.skill_loader(renamed) == "use_skill"
+    assert _decisions.skill_loader(renamed + [_tool("greet", "name")]) == "load_skill"  # which?
+    assert _decisions.skill_loader(None) == "load_skill"
+
+
+def test_tool_choice_finds_the_skill_of_a_renamed_loader(tokenizer):
+    messages = _conversation().messages
+    messages[2]["tool_calls"][0] = _call("use_skill", 1, name="product-qa")
+    tools = [_tool("use_skill", "name"), _tool("search_products", "x"), _tool("say", "x")]
+    conv = data.Conversation(id="renamed", messages=messages, tools=tools)
+    skills = hev.tool_choice(_oracle(), [conv], tokenizer)["skills"]
+    assert (skills["calls"], skills["right"]) == (1, 1)
+    assert list(skills["by_skill"]) == ["product-qa"]
 
 
 def test_tool_choice_scores_the_skill_where_it_is_chosen(tokenizer):
