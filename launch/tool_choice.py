@@ -7,7 +7,9 @@
 For each checkpoint (a run's `checkpoints/` = its latest step, a step directory, or an HF
 directory), every trained tool call of the first `max_conversations` records of the split is
 scored teacher-forced: would greedy decoding from the gold prefix write the gold tool's name?
-Printed per turn, per place in the turn and per tool, with the commonest wrong choices; `--out`
+Printed per turn, per place in the turn and per tool, then the Skill each Skill-loader call
+names (scored where the reasoning first writes it), per Skill, with the commonest wrong
+choices of both; `--split train` scores records the policy trained on; `--out`
 writes every report as one JSON file (atomically). Several step directories of one run give the
 tool-choice learning curve of an SFT that the episode scores cannot show while they are zero.
 Each checkpoint's in-context copying (`hat_jax.eval.copy_score`: random tokens shown twice, the

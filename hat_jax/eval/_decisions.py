@@ -18,7 +18,8 @@ scored at that mention (`reasoned`), where the tool is chosen. And calls that ev
 makes (the Skill loader, the reply) can carry the overall figure: `by_name` separates them.
 
 Which Skill to load is the other decision, and it is an argument, not a name: for every
-trained `load_skill` call the Skill it names is scored the same way, at its first writing in
+trained call of the Skill loader (`load_skill`, or its renamed surface name under HSA:
+`skill_loader`) the Skill it names is scored the same way, at its first writing in
 the turn's reasoning ("Load after-sales; ...") when there is one, else at the argument
 (`skills`: by gold Skill, with the commonest wrong choices). A policy that writes the same
 Skill for every comment shows here as one Skill right and every other Skill near zero, while
@@ -155,7 +156,7 @@ def call_sites(text: str, offsets: list[tuple[int, int]], loss_mask: list[int]) 
 
 @dataclasses.dataclass(frozen=True)
 class SkillSite:
-    """The Skill one trained `load_skill` call names.
+    """The Skill one trained call of the Skill loader names (`skill_sites`).
 
     Attributes:
       skill: the gold Skill name (as the row's Harness state spells it).
@@ -293,26 +294,28 @@ def tool_choice(
             ids = np.asarray(rendered.ids, dtype=np.int32)
             predicted = np.asarray(greedy_fn(ids[None]))[0]  # [i]: the guess for token i + 1
             for site in sites:
-                guess = [int(predicted[i - 1]) for i in site.tokens]
-                ok = guess == [int(ids[i]) for i in site.tokens]
+                guess = _argmax_at(predicted, site.tokens)
+                ok = guess == _gold_at(ids, site.tokens)
                 total.add(ok)
                 names.setdefault(site.name, _Tally()).add(ok)
                 turns.setdefault(site.turn, _Tally()).add(ok)
                 index["first" if site.index == 0 else "later"].add(ok)
                 if site.in_reasoning:
-                    named = [int(ids[i]) for i in site.decision]
-                    reasoned.add([int(predicted[i - 1]) for i in site.decision] == named)
+                    reasoned.add(
+                        _argmax_at(predicted, site.decision) == _gold_at(ids, site.decision)
+                    )
                     reasoned_at_call += int(ok)
                 if not ok:
                     wrong[(site.name, _guessed_name(tokenizer, guess))] += 1
             loader = skill_loader(row.tools)
             for site in skill_sites(rendered.text, offsets, rendered.loss_mask, loader=loader):
-                guess = [int(predicted[i - 1]) for i in site.decision]
-                ok = guess == [int(ids[i]) for i in site.decision]
+                guess = _argmax_at(predicted, site.decision)
+                ok = guess == _gold_at(ids, site.decision)
                 skills.add(ok)
                 skill_names.setdefault(site.skill, _Tally()).add(ok)
-                at_argument = [int(predicted[i - 1]) for i in site.tokens]
-                skills_at_argument += int(at_argument == [int(ids[i]) for i in site.tokens])
+                skills_at_argument += int(
+                    _argmax_at(predicted, site.tokens) == _gold_at(ids, site.tokens)
+                )
                 if not ok:
                     wrong_skill[(site.skill, tokenizer.decode(guess).strip())] += 1
     return total.as_dict() | {
@@ -320,22 +323,37 @@ def tool_choice(
         "by_turn": {str(k): v.as_dict() for k, v in sorted(turns.items())},
         "by_index": {k: v.as_dict() for k, v in index.items()},
         "reasoned": reasoned.as_dict() | {"right_at_call": reasoned_at_call},
-        "confusions": [
-            {"gold": gold, "predicted": guess, "count": n}
-            for (gold, guess), n in wrong.most_common(confusions)
-        ],
+        "confusions": _confusion_list(wrong, confusions),
         "skills": skills.as_dict()
         | {
             "right_at_argument": skills_at_argument,
             "by_skill": {k: v.as_dict() for k, v in sorted(skill_names.items())},
-            "confusions": [
-                {"gold": gold, "predicted": guess, "count": n}
-                for (gold, guess), n in wrong_skill.most_common(confusions)
-            ],
+            "confusions": _confusion_list(wrong_skill, confusions),
         },
         "rows": rows,
         "skipped_rows": skipped,
     }
+
+
+def _argmax_at(predicted: np.ndarray, positions: Sequence[int]) -> list[int]:
+    """The policy's guesses for the tokens at `positions` (`predicted[i]` guesses token i+1)."""
+    return [int(predicted[i - 1]) for i in positions]
+
+
+def _gold_at(ids: np.ndarray, positions: Sequence[int]) -> list[int]:
+    return [int(ids[i]) for i in positions]
+
+
+def _confusion_list(wrong: collections.Counter, n: int) -> list[dict[str, Any]]:
+    return [{"gold": g, "predicted": p, "count": k} for (g, p), k in wrong.most_common(n)]
+
+
+def _confusion_lines(title: str, confusions: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not confusions:
+        return []
+    return [f"  {title} (gold -> predicted):"] + [
+        f"    {c['gold']} -> {c['predicted']!r}: {c['count']}" for c in confusions
+    ]
 
 
 def _guessed_name(tokenizer: Any, guess: list[int]) -> str:
@@ -385,8 +403,8 @@ def tool_choice_evaluation(
     `tool_choice_first_turn` (calls of the first assistant turn), `tool_choice_later_turns`
     (calls of every later assistant turn), `tool_decision` (the calls whose name the turn's
     reasoning writes first, scored at that mention: where the tool is chosen; NaN when the
-    reasoning names none) and `skill_decision` (the Skill each `load_skill` call names, scored
-    where it is first written; NaN when no call loads one)."""
+    reasoning names none) and `skill_decision` (the Skill each call of the Skill loader names,
+    scored where it is first written; NaN when no call loads one)."""
     conversations = list(conversations)
     if not conversations:
         raise ValueError("tool_choice_evaluation: no conversations")
@@ -423,18 +441,11 @@ def format_tool_choice(report: Mapping[str, Any]) -> str:
         out.append(line("named first in the reasoning", d)
                    + f"  (at the call {d['right_at_call']}/{d['calls']})")  # fmt: skip
     out += [line(name, v) for name, v in report["by_name"].items()]
-    if report["confusions"]:
-        out.append("  commonest wrong choices (gold -> predicted):")
-        out += [
-            f"    {c['gold']} -> {c['predicted']!r}: {c['count']}" for c in report["confusions"]
-        ]
+    out += _confusion_lines("commonest wrong choices", report["confusions"])
     skills = report.get("skills", {})
     if skills.get("calls"):
         out.append(line("Skill named (where first written)", skills)
                    + f"  (at the argument {skills['right_at_argument']}/{skills['calls']})")  # fmt: skip
         out += [line(f"Skill {name}", v) for name, v in skills["by_skill"].items()]
-        if skills["confusions"]:
-            out.append("  commonest wrong Skills (gold -> predicted):")
-            out += [f"    {c['gold']} -> {c['predicted']!r}: {c['count']}"
-                    for c in skills["confusions"]]  # fmt: skip
+        out += _confusion_lines("commonest wrong Skills", skills["confusions"])
     return "\n".join(out)

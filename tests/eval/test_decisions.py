@@ -211,7 +211,8 @@ def test_skill_loader_is_load_skill_or_its_renamed_surface():
     assert _decisions.skill_loader(TOOLS) == "load_skill"
     renamed = [_tool("find", "query"), _tool("use_skill", "name"), _tool("say", "text")]
     assert _decisions.skill_loader(renamed) == "use_skill"
-    assert _decisions.skill_loader(renamed + [_tool("greet", "name")]) == "load_skill"  # which?
+    # two tools take only `name`: which loads Skills is not known, so the default name
+    assert _decisions.skill_loader(renamed + [_tool("greet", "name")]) == "load_skill"
     assert _decisions.skill_loader(None) == "load_skill"
 
 
