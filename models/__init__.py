@@ -12,7 +12,7 @@ resolved per backend when a model is built), `Qwen` / `QwenOutput`, `Cache` / `i
 `cache_logical_axes` (decoding state), `MTPHead` / `MTPOutput` / `check_mtp_config` (the
 NextN draft head; trained by `rl.mtp`, converted by `serve.convert`), `Sampler` / `Sampling` /
 `SampleOutput` / `Strategy` / `Standard` / `SamplingArrays` / `GREEDY` / `speculative_accept` /
-`shared_prefix_length`
+`shared_prefix_length` / `combine_acceptance`
 (generation, with optional self-speculative decoding), `AXIS_NAMES` (the logical axis names
 parameters carry; mapped to mesh axes only by `hat_jax.sharding`), and the kernels: the delta
 rule (`chunked_gated_delta_rule`, `recurrent_gated_delta_rule`), the MoE dispatches
@@ -38,7 +38,7 @@ from models._moe import (
 from models._moe_sharded import expert_parallel_experts, shard_local_experts
 from models._mtp import MTPHead, MTPOutput, check_mtp_config
 from models._params import AXIS_NAMES
-from models._sampler import SampleOutput, Sampler, shared_prefix_length
+from models._sampler import SampleOutput, Sampler, combine_acceptance, shared_prefix_length
 from models._sampling import (
     GREEDY,
     Sampling,
@@ -66,6 +66,7 @@ __all__ = [
     "Standard",
     "Strategy",
     "cache_logical_axes",
+    "combine_acceptance",
     "check_mtp_config",
     "chunked_gated_delta_rule",
     "capacity_experts",

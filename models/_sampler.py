@@ -70,6 +70,8 @@ class SampleOutput:
         pad_id: the padding token id.
         acceptance_length: speculative decoding only: mean tokens emitted per verification
             (accepted drafts + 1), over rows still generating; None otherwise.
+        verifications: speculative decoding only: the row-steps verified (the weight of
+            `acceptance_length` when several calls are pooled: `combine_acceptance`).
     """
 
     prompts: tuple[np.ndarray, ...]
@@ -80,6 +82,7 @@ class SampleOutput:
     stopped: np.ndarray
     pad_id: int
     acceptance_length: float | None = None
+    verifications: int = 0
 
     def completion(self, i: int) -> list[int]:
         """The generated token ids of row i."""
@@ -287,7 +290,8 @@ class Sampler:
             shared_prefix: the number of leading tokens every prompt has in common, prefilled
                 once and shared by the rows (e.g. one system prompt in front of many requests;
                 `shared_prefix_length` finds it). Each row keeps at least one token of its
-                own. Not with speculative decoding. 0: every row is prefilled whole.
+                own; with speculative decoding the draft head's cache of the prefix is
+                computed once too. 0: every row is prefilled whole.
         """
         prompts = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
         if not prompts:
@@ -336,8 +340,6 @@ class Sampler:
         """The shared prefix as [1, P] (None for 0); ValueError if the rows do not share it."""
         if shared == 0:
             return None
-        if self.num_draft_tokens:
-            raise ValueError("Sampler: shared_prefix is not supported with speculative decoding")
         if shared < 0 or any(len(p) <= shared for p in prompts):
             raise ValueError(
                 f"Sampler: shared_prefix={shared} must be >= 0 and leave every row at least one "
@@ -375,7 +377,7 @@ class Sampler:
         batch = len(prompts)
         lengths = np.asarray(out.length[:batch])
         valid = np.arange(out.tokens.shape[1])[None, :] < lengths[:, None]
-        acceptance = None
+        acceptance, verified = None, 0
         if counts is not None:
             accepted, verified = (int(c) for c in counts)
             acceptance = 1.0 + accepted / max(verified, 1)
@@ -388,4 +390,16 @@ class Sampler:
             stopped=np.asarray(out.stopped[:batch]),
             pad_id=self.pad_id,
             acceptance_length=acceptance,
+            verifications=verified,
         )
+
+
+def combine_acceptance(outputs: Sequence[SampleOutput]) -> float | None:
+    """The acceptance length of several speculative calls pooled (each weighted by its
+    verifications); None when none of them decoded speculatively."""
+    spec = [o for o in outputs if o.acceptance_length is not None]
+    if not spec:
+        return None
+    verified = sum(o.verifications for o in spec)
+    accepted = sum((o.acceptance_length - 1.0) * o.verifications for o in spec)
+    return 1.0 + accepted / max(verified, 1)

@@ -165,21 +165,43 @@ def plain_step(target, req: Request, strategy: Strategy, state: LoopState) -> Lo
     )
 
 
-def draft_prefill(head, target, req: Request, target_out, state: LoopState, cache: Cache, k):
+def draft_prefill(
+    head,
+    target,
+    req: Request,
+    target_out,
+    state: LoopState,
+    cache: Cache,
+    k,
+    prefix_last: jax.Array | None = None,
+):
     """Feeds the prompt's pairs (h_t, x_{t+1}), t < n - 1, to the head; the last pair
-    (h_{n-1}, first sampled token) waits in the `DraftState`."""
+    (h_{n-1}, first sampled token) waits in the `DraftState`.
+
+    With a shared prefix (`cache` then holds the prefix's pairs and `prefix_last` [1, H] is
+    the target's hidden state at the prefix's last token), `req` holds each row's own tokens
+    x_P .. x_{n-1}: their pairs are (h_{P-1}, x_P), (h_P, x_{P+1}), ..."""
     batch, length = req.prompt_ids.shape
-    next_ids = jnp.concatenate(
-        [req.prompt_ids[:, 1:], jnp.zeros((batch, 1), req.prompt_ids.dtype)], axis=1
-    )
-    pairs = (jnp.arange(length)[None, :] < req.prompt_lengths[:, None] - 1).astype(jnp.int32)
-    mtp = head(target_out.hidden, next_ids, target, segment_ids=pairs, cache=cache)
-    hidden = jnp.zeros((batch, k + 1, target_out.hidden.shape[-1]), target_out.hidden.dtype)
-    hidden = hidden.at[:, 0].set(_gather_rows(target_out.hidden, req.prompt_lengths - 1))
+    if prefix_last is None:
+        hidden = target_out.hidden
+        next_ids = jnp.concatenate(
+            [req.prompt_ids[:, 1:], jnp.zeros((batch, 1), req.prompt_ids.dtype)], axis=1
+        )
+        pairs = jnp.arange(length)[None, :] < req.prompt_lengths[:, None] - 1
+    else:
+        first = jnp.broadcast_to(prefix_last[:, None], (batch, 1, prefix_last.shape[-1]))
+        hidden = jnp.concatenate([first.astype(target_out.hidden.dtype),
+                                  target_out.hidden[:, :-1]], axis=1)  # fmt: skip
+        next_ids = req.prompt_ids
+        pairs = jnp.arange(length)[None, :] < req.prompt_lengths[:, None]
+    segment_ids = pairs.astype(jnp.int32)
+    mtp = head(hidden, next_ids, target, segment_ids=segment_ids, cache=cache)
+    last = jnp.zeros((batch, k + 1, target_out.hidden.shape[-1]), target_out.hidden.dtype)
+    last = last.at[:, 0].set(_gather_rows(target_out.hidden, req.prompt_lengths - 1))
     ids = jnp.zeros((batch, k + 1), jnp.int32).at[:, 0].set(state.pending)
     zero = jnp.zeros((), jnp.int32)
     draft = DraftState(
-        hidden=hidden,
+        hidden=last,
         ids=ids,
         count=jnp.ones((batch,), jnp.int32),
         cache=mtp.cache,
@@ -238,18 +260,35 @@ def speculative_step(head, target, req, strategy, k: int, state: LoopState) -> L
     )
 
 
-def shared_prefix_cache(target, prefix: jax.Array, batch: int, slots: int) -> Cache:
-    """The cache after `prefix` [1, P] (the same leading tokens of every row), computed once
-    and given to each of `batch` rows."""
-    one = target(prefix, cache=target.init_cache(1, slots)).cache
+def _tile(tree, batch: int):
+    """A cache of one row given to each of `batch` rows (layer caches are [repeats, B, ...];
+    `end` is [B])."""
 
-    def tile(x):  # layer caches are [repeats, B, ...]; `end` is [B]
+    def tile(x):
         axis = 0 if x.ndim == 1 else 1
         if x.shape[axis] != 1:
             raise AssertionError(f"prefix cache leaf {x.shape} has no batch axis of 1 at {axis}")
         return jnp.repeat(x, batch, axis=axis)
 
-    return jax.tree.map(tile, one)
+    return jax.tree.map(tile, tree)
+
+
+def shared_prefix_cache(
+    target, prefix: jax.Array, batch: int, slots: int, rollback: int = 0
+) -> tuple[Cache, jax.Array]:
+    """The cache after `prefix` [1, P] (the same leading tokens of every row), computed once
+    and given to each of `batch` rows, and the target's hidden states [1, P, H] there."""
+    out = target(prefix, cache=target.init_cache(1, slots, rollback=rollback))
+    return _tile(out.cache, batch), out.hidden
+
+
+def draft_prefix_cache(head, target, prefix, hidden, batch: int, slots: int) -> Cache:
+    """The head's cache after the prefix's pairs (h_t, x_{t+1}), t < P - 1, computed once and
+    given to each of `batch` rows."""
+    cache = head.init_cache(1, slots)
+    if prefix.shape[1] > 1:
+        cache = head(hidden[:, :-1], prefix[:, 1:], target, cache=cache).cache
+    return _tile(cache, batch)
 
 
 def generate(
@@ -269,7 +308,8 @@ def generate(
     `graphs` are the target's graph for prefill and for decoding (they may differ in runtime
     choices such as the MoE dispatch) and the head's (None without speculation); `states`
     the target's and the head's parameters. `prefix` [1, P]: leading tokens every row shares,
-    prefilled once (`req` then holds each row's remaining tokens); not with speculation.
+    prefilled once (`req` then holds each row's remaining tokens); with speculation the
+    head's cache of the prefix's pairs is computed once too.
     """
     on_trace()
     prefill_graph, decode_graph, head_graph = graphs
@@ -277,19 +317,22 @@ def generate(
     k = num_draft_tokens
     batch, length = req.prompt_ids.shape
     shared = 0 if prefix is None else prefix.shape[1]
-    if shared and k:
-        raise ValueError("a shared prefix is not supported with speculative decoding")
     slots = shared + length + gen_slots + k + 1
     target = nnx.merge(prefill_graph, target_state)
     if shared:
-        cache = shared_prefix_cache(target, prefix, batch, slots)
+        cache, prefix_hidden = shared_prefix_cache(target, prefix, batch, slots, rollback=k)
     else:
         cache = target.init_cache(batch, slots, rollback=k)
     state, out = prefill(target, req, cache, key, strategy, gen_slots)
     target = nnx.merge(decode_graph, target_state)
     if k:
         head = nnx.merge(head_graph, head_state)
-        state = draft_prefill(head, target, req, out, state, head.init_cache(batch, slots), k)
+        if shared:
+            head_cache = draft_prefix_cache(head, target, prefix, prefix_hidden, batch, slots)
+            state = draft_prefill(head, target, req, out, state, head_cache, k,
+                                  prefix_last=prefix_hidden[:, -1])  # fmt: skip
+        else:
+            state = draft_prefill(head, target, req, out, state, head.init_cache(batch, slots), k)
 
         def step(s):
             return speculative_step(head, target, req, strategy, k, s)

@@ -91,9 +91,10 @@ class JaxPolicy:
         self.stop_tokens = _stop_ids(tokenizer)
         self.last_output: models.SampleOutput | None = None
 
-    def update(self, model: models.Qwen) -> None:
-        """Samples from new weights of the same structure (no recompilation)."""
-        self.sampler.update(model)
+    def update(self, model: models.Qwen, mtp: models.MTPHead | None = None) -> None:
+        """Samples from new weights of the same structure (no recompilation); `mtp`, new
+        weights of a speculative sampler's draft head."""
+        self.sampler.update(model, mtp)
 
     def prompt_ids(
         self,
@@ -152,7 +153,7 @@ class JaxPolicy:
         seed = self.seed if sampling.seed is None else sampling.seed
         key = jax.random.fold_in(jax.random.key(seed), len(prompts[0]))
         shared = 0
-        if self.share_prefix and not self.sampler.num_draft_tokens:
+        if self.share_prefix:
             shared = models.shared_prefix_length(prompts, multiple=self.share_prefix)
         out = self.sampler(
             prompts,

@@ -97,7 +97,7 @@ class BatchEngine:
             batch is smaller than the recent ones.
         seed: the base seed of unseeded requests (each batch draws a fresh key from it).
         share_prefix: rows sharing a leading run of tokens (one system prompt and tool list)
-            prefill it once, rounded down to a multiple of this (0: never; plain decoding only).
+            prefill it once, rounded down to a multiple of this (0: never).
     """
 
     def __init__(
@@ -228,7 +228,7 @@ class BatchEngine:
             seed = (self._seed * 1_000_003 + self._calls) & 0x7FFFFFFF
         self._calls += 1
         shared = 0
-        if self.share_prefix and not self.sampler.num_draft_tokens and len(prompts) > 1:
+        if self.share_prefix and len(prompts) > 1:
             shared = models.shared_prefix_length(prompts, multiple=self.share_prefix)
         start = time.perf_counter()
         try:

@@ -10,7 +10,10 @@
 - Top-k / top-p draw exactly from the renormalised support (frequencies over fixed keys).
 - Calls within a bucket reuse the compiled program; bad requests fail with clear errors.
 - Self-speculative decoding with an MTP head: greedy output equals plain decoding, sampled
-  log-probs equal the forward pass, and exact acceptance keeps the target distribution.
+  log-probs equal the forward pass, exact acceptance keeps the target distribution (of
+  `speculative_accept` alone, and of whole speculative generations against plain ones: a
+  chi-square test over 12,288 draws per temperature, which an always-accepting variant
+  fails), and a shared prefix works with speculation.
 """
 
 import jax
@@ -25,10 +28,12 @@ from models import (
     MTPHead,
     Qwen,
     QwenConfig,
+    SampleOutput,
     Sampler,
     Sampling,
     SamplingArrays,
     Standard,
+    combine_acceptance,
     speculative_accept,
 )
 from serve import load_hf
@@ -348,6 +353,88 @@ def test_speculative_sampling_logprobs_equal_the_forward_pass(speculative_setup)
             assert abs(out.logprobs[i, j] - sampled) < LOGPROB_TOLERANCE, (i, j)
 
 
+def _joint_counts(out, rows_per_setting: int, settings: int) -> np.ndarray:
+    """[settings, 4**4] counts of the first four generated tokens (vocabulary 4) per setting
+    (rows are grouped by setting, `rows_per_setting` each)."""
+    tokens = out.tokens[:, :4].reshape(settings, rows_per_setting, 4)
+    codes = (tokens * np.asarray([64, 16, 4, 1])).sum(-1)
+    return np.stack([np.bincount(c, minlength=256) for c in codes])
+
+
+def _same_distribution_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Chi-square test of homogeneity of two count vectors (cells with fewer than 10 draws in
+    both together are pooled into one)."""
+    from scipy import stats
+
+    keep = (a + b) >= 10
+    table = np.stack([np.append(a[keep], a[~keep].sum()), np.append(b[keep], b[~keep].sum())])
+    return float(stats.chi2_contingency(table[:, table.sum(0) > 0])[1])
+
+
+@pytest.mark.slow
+def test_speculative_generations_have_the_plain_distribution(speculative_setup, monkeypatch):
+    """One prompt continued by 8,192 rows per call, half at temperature 0.7 and half at 1.3,
+    three calls each way: the first four generated tokens (the first from prefill, the rest
+    drafted and verified) have the same joint distribution with and without speculation
+    (chi-square over 256 outcomes, 12,288 draws per temperature). The test has power: a
+    variant that accepts every draft is rejected by it at p ~ 0."""
+    from models import _sampler_loop
+
+    model, _, _ = speculative_setup
+    head = _scaled(MTPHead(model.config, rngs=nnx.Rngs(1)), 10.0)
+    prompt = _prompts(4, (6,), seed=4)[0]
+    rows, temperatures = 8192, (0.7, 1.3)
+    settings = [Sampling(temperature=t) for t in temperatures for _ in range(rows // 2)]
+
+    def counts(sampler, seeds):
+        total = 0
+        for seed in seeds:
+            out = sampler([prompt] * rows, max_new_tokens=4, sampling=settings, seed=seed)
+            total = total + _joint_counts(out, rows // 2, len(temperatures))
+        return total, out.acceptance_length
+
+    plain, _ = counts(Sampler(model, min_bucket=4), range(3))
+    spec = Sampler(model, mtp=head, num_draft_tokens=3, min_bucket=4)
+    speculative, acceptance = counts(spec, range(100, 103))
+    assert 1.5 < acceptance < 3.5, f"acceptance length {acceptance}: drafts must pass and fail"
+    for i, t in enumerate(temperatures):
+        assert plain[i].sum() == speculative[i].sum() == 12_288
+        p = _same_distribution_p(plain[i], speculative[i])
+        assert p > 1e-3, f"temperature {t}: speculative vs plain p = {p:.2e}"
+
+    def accept_all(key, target_logp, draft_logp, drafts):
+        del key, draft_logp
+        rows_, k = drafts.shape
+        return jnp.full((rows_,), k, jnp.int32), jnp.argmax(target_logp[:, k], -1).astype(jnp.int32)
+
+    monkeypatch.setattr(_sampler_loop, "speculative_accept", accept_all)
+    wrong, _ = counts(Sampler(model, mtp=head, num_draft_tokens=3, min_bucket=4), [200])
+    for i in range(len(temperatures)):
+        assert _same_distribution_p(plain[i], wrong[i]) < 1e-6
+
+
+@pytest.mark.slow
+def test_speculative_decoding_with_a_shared_prefix(speculative_setup):
+    """The prefix's target cache and the head's cache of its pairs are computed once: greedy
+    output equals plain decoding, and sampled output (same seed) equals speculative decoding
+    without sharing."""
+    _, plain, spec = speculative_setup
+    head = _prompts(4, (40,), seed=7)[0]
+    prompts = [head + tail for tail in _prompts(4, (5, 1, 17, 9), seed=8)]
+    greedy = dict(max_new_tokens=[30, 20, 30, 12], sampling=GREEDY)
+    ref = plain(prompts, **greedy)
+    out = spec(prompts, shared_prefix=32, **greedy)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_allclose(out.policy_logprobs, ref.policy_logprobs, atol=LOGPROB_TOLERANCE)
+    assert out.acceptance_length > 1.2
+    rows = [Sampling(temperature=t) for t in (0.6, 1.0, 1.4, 0.8)]
+    whole = spec(prompts, max_new_tokens=30, sampling=rows, seed=3)
+    shared = spec(prompts, max_new_tokens=30, sampling=rows, seed=3, shared_prefix=32)
+    np.testing.assert_array_equal(shared.tokens, whole.tokens)
+    np.testing.assert_allclose(shared.logprobs, whole.logprobs, atol=LOGPROB_TOLERANCE)
+    assert shared.acceptance_length == whole.acceptance_length
+
+
 @pytest.mark.slow
 def test_a_flash_prefill_equals_the_dense_one():
     """With `attention_impl="flash"` the prefill of an empty cache attends block-wise among
@@ -409,3 +496,16 @@ def test_shared_prefix_requests_are_checked():
         sampler([[1, 2, 3, 4], [1, 2, 5, 6]], max_new_tokens=2, shared_prefix=3)
     with pytest.raises(ValueError, match="at least one token of its own"):
         sampler([[1, 2, 3], [1, 2, 3, 4]], max_new_tokens=2, shared_prefix=3)
+
+
+def test_combine_acceptance_weights_each_call_by_its_verifications():
+    """Pooled acceptance is total emitted over total verified: calls of 10 verifications at
+    length 3.0 and 30 at 1.5 pool to 1 + (20 + 15) / 40; plain calls are left out."""
+
+    def out(acceptance, verified):
+        zeros = np.zeros((1, 1))
+        return SampleOutput((), zeros, zeros, zeros, zeros, zeros, 0, acceptance, verified)
+
+    pooled = combine_acceptance([out(3.0, 10), out(1.5, 30), out(None, 0)])
+    assert pooled == pytest.approx(1.0 + 35 / 40)
+    assert combine_acceptance([out(None, 0)]) is None
