@@ -79,6 +79,8 @@ class CorpusConfig:
     """What `generate` produces.
 
     Attributes:
+      room: the bundled live room (`livestream.room`: "v0" or "micro"): its scenarios, its
+        released Harness (the original state and what HSA varies) and its world.
       split: the scenario split (train, dev, test).
       num_scenarios: how many scenarios of the split (a seeded sample; None = all).
       states_per_scenario: K, Harness states (episodes) per scenario.
@@ -95,6 +97,7 @@ class CorpusConfig:
       seed: every draw derives from it.
     """
 
+    room: str = "v0"
     split: str = "train"
     num_scenarios: int | None = None
     states_per_scenario: int = 4
@@ -109,6 +112,7 @@ class CorpusConfig:
     seed: int = 0
 
     def __post_init__(self):
+        livestream.room(self.room)  # an unknown room is refused here, by name
         if self.states not in STATE_MODES:
             raise ValueError(f"states must be one of {STATE_MODES}, got {self.states!r}")
         if self.dims_per_state is not None and self.dims_per_state < 1:
@@ -149,7 +153,7 @@ class _Episodes:
         self.config, self.sim, self.hsa = config, sim, hsa
         rate = config.fault_rate / 3
         faults = sim.FaultConfig(timeout=rate, malformed=rate, denied=rate)
-        self.room = sim.LiveRoom(sim.SimConfig(split=config.split, faults=faults))
+        self.room = sim.LiveRoom(sim.SimConfig(room=config.room, split=config.split, faults=faults))
         self.dims = hsa.parse_dims(config.hsa_dims)
         self._policy = None
 
@@ -293,7 +297,7 @@ def scenario_ids(config: CorpusConfig) -> list[str]:
     """The scenarios of the corpus: a seeded sample of the split, in a stable order."""
     from rl import sim
 
-    ids = [s.id for s in sim.default_scenarios().split(config.split)]
+    ids = [s.id for s in sim.default_scenarios(config.room).split(config.split)]
     if not ids:
         raise ValueError(f"no scenarios in split {config.split!r}")
     if config.num_scenarios is not None and config.num_scenarios < len(ids):
@@ -441,13 +445,14 @@ def write_corpus(
                 writer.write(outcome.record)
         if writer.count == 0:  # raised inside: the writer leaves no files behind
             raise ValueError(f"no trajectory passed the quality filter: {stats.to_dict()['total']}")
-    base = hx.load(livestream.default_world_dir())
+    base = hx.load(livestream.room(config.room).harness_dir)
     manifest = {
         "schema": SCHEMA,
         "split": config.split,
         "records": writer.count,
         "files": [p.name for p in writer.files],
         "config": dataclasses.asdict(config) | {"teacher": config.teacher.describe()},
+        "room": config.room,
         "harness": {"name": base.name, "release": base.release, "version": base.version},
         "hsa_dims": sorted(str(d) for d in hsa.parse_dims(config.hsa_dims)),
         "seconds": round(time.perf_counter() - started, 1),

@@ -37,6 +37,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,7 +63,8 @@ class OnlineHSAConfig:
       dims: the HSA dimensions to draw from (None = `hat_jax.hsa`'s default). Numeric prompt
         constraints are pinned to the trajectory's, whatever the dimensions.
       strength: HSA strength.
-      harness_dir: the base Harness (None = the bundled `data/livestream`).
+      harness_dir: the base Harness (None: the released Harness of the room the corpus
+        manifests record, `livestream.room(...)`; Harness v0 for corpora that record none).
     """
 
     probability: float = 0.0
@@ -142,13 +144,29 @@ class PipelineConfig:
         )
 
 
-def make_augmenter(config: OnlineHSAConfig) -> Augmenter:
-    """Fresh augmentations of the base Harness (`config.harness_dir`) by `hat_jax.hsa.augment`."""
+def corpus_room(sources: Sequence[str], split: str) -> str:
+    """The live room the corpus directories among `sources` were generated in (their
+    `<split>.manifest.json`; "v0" where a manifest records none). Mixed rooms are refused."""
+    rooms = set()
+    for src in sources:
+        manifest = pathlib.Path(src) / f"{split}.manifest.json"
+        if manifest.is_file():
+            rooms.add(json.loads(manifest.read_text(encoding="utf-8")).get("room", "v0"))
+    if len(rooms) > 1:
+        raise ValueError(f"the corpora {list(sources)} come from different live rooms {rooms}")
+    return rooms.pop() if rooms else "v0"
+
+
+def make_augmenter(
+    config: OnlineHSAConfig, *, sources: Sequence[str] = (), split: str = "train"
+) -> Augmenter:
+    """Fresh augmentations of the base Harness by `hat_jax.hsa.augment`: `config.harness_dir`,
+    else the released Harness of the corpus's room (`corpus_room(sources, split)`)."""
     from hat_jax import harness as hx
     from hat_jax import livestream
 
-    base = hx.load(config.harness_dir or livestream.default_world_dir())
-    return HsaAugmenter(base, dims=config.dims, strength=config.strength)
+    directory = config.harness_dir or livestream.room(corpus_room(sources, split)).harness_dir
+    return HsaAugmenter(hx.load(directory), dims=config.dims, strength=config.strength)
 
 
 class HsaAugmenter:
@@ -255,7 +273,7 @@ def build_sft_dataset(
     workers = config.worker_count if workers is None else workers
     source = source if source is not None else open_source(config.sources, config.split)
     if augmenter is None and config.online_hsa.probability > 0:
-        augmenter = make_augmenter(config.online_hsa)
+        augmenter = make_augmenter(config.online_hsa, sources=config.sources, split=config.split)
     ds = grain.MapDataset.source(source).map_with_index(_Locate(source))
     ds, records_per_epoch = shard_of(ds, shard, shards, seed=config.seed, shuffle=config.shuffle)
     ds = ds.repeat(config.num_epochs)
@@ -343,7 +361,7 @@ def sft_data(
     workers = -(-config.worker_count // len(owned)) if config.worker_count else 0
     source = source if source is not None else open_source(config.sources, config.split)
     if augmenter is None and config.online_hsa.probability > 0:
-        augmenter = make_augmenter(config.online_hsa)
+        augmenter = make_augmenter(config.online_hsa, sources=config.sources, split=config.split)
     datasets = {
         s: build_sft_dataset(
             config,

@@ -1,6 +1,7 @@
 """Build the HSA-SFT teacher corpus: scenarios x K Harness states x a teacher, quality-filtered.
 
   python -m launch.make_corpus --out runs/corpus                        # HSA-SFT, scripted teacher
+  python -m launch.make_corpus --out runs/micro/corpus --room micro     # the micro live room
   python -m launch.make_corpus --out runs/corpus_fixed --states original --states_per_scenario 1
   python -m launch.make_corpus --out runs/corpus --teacher openai \
       --base_url http://localhost:30000/v1 --model teacher-model --num_scenarios 500 \
@@ -19,10 +20,14 @@ import os
 from absl import app, flags
 
 import data
+from hat_jax import livestream
 from hat_jax.metrics import Progress
 from launch import _logs
 
 _OUT = flags.DEFINE_string("out", "runs/corpus", "Corpus directory.")
+_ROOM = flags.DEFINE_enum(
+    "room", "v0", list(livestream.ROOMS), "Bundled live room: Harness v0, or the micro room."
+)
 _SPLITS = flags.DEFINE_list("splits", ["train"], "Scenario splits to generate (train, dev, test).")
 _NUM = flags.DEFINE_integer(
     "num_scenarios", None, "Scenarios per split (seeded sample; all if unset)."
@@ -70,6 +75,7 @@ def _config(split: str) -> data.CorpusConfig:
         inject_fraction=_INJECT.value if _TEACHER.value == "scripted" else 0.0,
     )
     return data.CorpusConfig(
+        room=_ROOM.value,
         split=split,
         num_scenarios=_NUM.value,
         states_per_scenario=_K.value,

@@ -2,7 +2,9 @@
 live room, orders, viewers, marketing), its built-in retrieval and commerce tools, the marketing
 service and its MCP server, the offline rule-based policy, and the libraries Harness v0 names:
 the commerce checks (hooks.yaml: `hat_jax.livestream.checks`) and the `product` and `room`
-prompt blocks (prompt.yaml: `hat_jax.livestream.prompt`).
+prompt blocks (prompt.yaml: `hat_jax.livestream.prompt`; the micro room's compact `product_brief`
+and `room_brief`), and the bundled rooms (`room("v0")`, `room("micro")`: which Harness and
+which comment phrasings run on the world).
 
     from hat_jax import harness as hx, livestream
     world = livestream.load_world(livestream.default_world_dir())
@@ -19,6 +21,7 @@ from hat_jax.livestream._marketing import (
     marketing_server,
     marketing_server_params,
 )
+from hat_jax.livestream._rooms import ROOMS, Room, room
 from hat_jax.livestream._rule_policy import RuleBasedPolicy
 from hat_jax.livestream._tools import builtin_toolbox
 from hat_jax.livestream._wording import coupon_granted, order_details
@@ -32,8 +35,10 @@ def default_world_dir() -> pathlib.Path:
 
 
 __all__ = [
+    "ROOMS",
     "Evidence",
     "MarketingService",
+    "Room",
     "RuleBasedPolicy",
     "World",
     "WorldError",
@@ -46,5 +51,6 @@ __all__ = [
     "marketing_server_params",
     "money",
     "order_details",
+    "room",
     "unsupported_claims",
 ]

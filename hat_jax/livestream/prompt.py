@@ -107,3 +107,42 @@ def room_block(ctx: RequestContext) -> list[str]:
     if not ctx.room:
         return ["(no live-room state)"]
     return _room_items(ctx.room)
+
+
+def _shipping_brief(s: Mapping[str, Any], sym: str) -> str:
+    fee = "free" if s["free_shipping"] else "charged"
+    remote = (
+        f"; {', '.join(s['remote_regions'])} +{money(s['remote_surcharge'], sym)}"
+        if s["remote_regions"] and s["remote_surcharge"]
+        else ""
+    )
+    return f"Shipping: {s['carrier']}, {fee}, {s['delivery_days']} days{remote}"
+
+
+@BLOCKS.block("product_brief")
+def product_brief_block(ctx: RequestContext) -> list[str]:
+    """The product on screen in a few lines (the micro room): id and name, description, specs
+    and shipping; no prices, which come from the price tool."""
+    if not ctx.product:
+        return ["(no product on screen)"]
+    p, sym = ctx.product, ctx.room.get("currency_symbol", "¥")
+    return [
+        f"{p['id']}: {p['name']}",
+        f"About: {p['description']}",
+        "Specs: " + "; ".join(f"{k}: {v}" for k, v in p["specs"].items()),
+        _shipping_brief(p["shipping"], sym),
+    ]
+
+
+@BLOCKS.block("room_brief")
+def room_brief_block(ctx: RequestContext) -> list[str]:
+    """The live room in a few lines (the micro room): the clock and the coupon campaigns."""
+    if not ctx.room:
+        return ["(no live-room state)"]
+    room = ctx.room
+    items = [f"Time now: {clock(room['now'])}"]
+    for c in room.get("campaigns", ()):
+        if c["remaining"] == 0:
+            continue
+        items.append(f"Coupon: {c['title']}" + (" (followers only)" if c["followers_only"] else ""))
+    return items

@@ -15,11 +15,11 @@ from rl.sim._compose import Clause, Results, clause, compose
 from rl.sim._generate import (
     default_scenarios,
     generate_scenarios,
-    load_phrasings,
     phrasings_path,
     product_splits,
 )
 from rl.sim._intents import KINDS as INTENT_KINDS
+from rl.sim._phrasings import load_phrasings, vocabulary_gaps
 from rl.sim._room import Episode, HsaConfig, LiveRoom, PolicyFactory, SimConfig
 from rl.sim._sandbox import FAULT_KINDS, MALFORMED_KINDS, FaultConfig, InjectedFault, Sandbox
 from rl.sim._scenario import (
@@ -74,5 +74,6 @@ __all__ = [
     "plan_calls",
     "product_splits",
     "read_scenarios",
+    "vocabulary_gaps",
     "write_scenarios",
 ]

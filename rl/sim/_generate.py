@@ -22,14 +22,13 @@ import pathlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import yaml
-
 from hat_jax import harness as hx
 from hat_jax import hsa, livestream
 from rl.sim import _intents
 from rl.sim._compose import Results, clause, compose, join, lead, sentences
+from rl.sim._phrasings import load_phrasings
 from rl.sim._sandbox import Sandbox
-from rl.sim._scenario import FAMILIES, SPLITS, Gold, Intent, Scenario, ScenarioSet
+from rl.sim._scenario import FAMILIES, Gold, Intent, Scenario, ScenarioSet
 from rl.sim._teacher import plan_calls
 
 REGIONS = ("Xinjiang", "Tibet", "Shanghai")
@@ -66,32 +65,8 @@ def _h(*parts: Any) -> int:
 
 
 def phrasings_path(world: livestream.World) -> pathlib.Path:
+    """Harness v0's phrasing file of a world folder."""
     return pathlib.Path(world.root) / "scenarios" / "phrasings.yaml"
-
-
-def load_phrasings(path: str | pathlib.Path) -> dict[str, Any]:
-    """Reads and checks the phrasing templates (errors name the template)."""
-    data = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
-    problems = []
-    for family, templates in (data.get("families") or {}).items():
-        if family not in FAMILIES:
-            problems.append(f"{path}: unknown family {family!r}")
-            continue
-        for t in templates:
-            where = f"{path}: {family}/{t.get('id')}"
-            if t.get("split") not in SPLITS:
-                problems.append(f"{where}: split must be one of {SPLITS}")
-            unknown = [k for k in t.get("intents", ()) if k not in _intents.KINDS]
-            if unknown or not t.get("intents"):
-                problems.append(f"{where}: unknown or missing intents {unknown}")
-            if ("text" in t) == ("comments" in t):
-                problems.append(f"{where}: give exactly one of 'text' or 'comments'")
-    missing = sorted(set(FAMILIES) - set(data.get("families") or {}))
-    if missing:
-        problems.append(f"{path}: no templates for families {missing}")
-    if problems:
-        raise ValueError("invalid phrasings:\n  " + "\n  ".join(problems))
-    return data
 
 
 def product_splits(world: livestream.World) -> dict[str, str]:
@@ -120,12 +95,13 @@ class _Instance:
 class _Builder:
     """Instantiates templates into scenarios for one world."""
 
-    def __init__(self, world: livestream.World, data: Mapping[str, Any]):
+    def __init__(self, world: livestream.World, data: Mapping[str, Any], harness: hx.Harness):
         self.world, self.data = world, data
         self.splits = product_splits(world)
         self.viewers = sorted(world.viewers)
         self.history = tuple(data.get("history") or ())
-        self.base = hx.HarnessState(harness=hx.load(world.root))
+        self.base = hx.HarnessState(harness=harness)
+        self.skills = frozenset(s.name for s in harness.skills)
         v0 = self.base.harness.prompt
         self.v0 = (v0.constraint("reply_max_chars"), v0.constraint("reply_max_sentences"))
         self.fan = next(
@@ -298,7 +274,9 @@ class _Builder:
         intents = tuple(self._resolve(i, inst.viewers[0]) for i in inst.intents)
         where = _intents.Where(self.world, inst.screen, inst.viewers[0])
         parts = [_intents.KINDS[i.kind](i, where) for i in intents]
-        gold, skills, rules = _merge(intents, parts, multi=len(intents) > 1)
+        if not self._supported(parts):
+            return None
+        gold, skills, rules = _merge(intents, parts, multi=len(intents) > 1, present=self.skills)
         sid = f"{family}/{t['id']}/{inst.key}"
         history = self._history(sid)
         draft = Scenario(
@@ -313,6 +291,14 @@ class _Builder:
         )
         needs = self._needs(draft, skills, rules)
         return None if needs is None else dataclasses.replace(draft, needs=needs)
+
+    def _supported(self, parts) -> bool:
+        """Whether the Harness has every tool the gold calls and a Reply Skill for each intent."""
+        harness = self.base.harness
+        calls = [c for p in parts for c in p.calls]
+        return all(harness.tool(c.tool) is not None for c in calls) and all(
+            set(p.reply_skills) & self.skills for p in parts
+        )
 
     def _resolve(self, i: Intent, viewer: str) -> Intent:
         """Fills details that depend on running a tool (which coupon this viewer gets)."""
@@ -377,21 +363,29 @@ class _Builder:
         )
 
 
-def _merge(intents, parts, *, multi: bool) -> tuple[Gold, frozenset[str], frozenset[str]]:
-    """One `Gold` from the intents' parts, plus the Skills the teacher loads and rules it needs."""
+def _merge(
+    intents, parts, *, multi: bool, present: frozenset[str]
+) -> tuple[Gold, frozenset[str], frozenset[str]]:
+    """One `Gold` from the intents' parts, plus the Skills the teacher loads and rules it needs.
+
+    Gold Skills are those of the Harness the scenarios are built for (`present`): a Reply
+    Skill group keeps its alternatives that Harness has, and a Strategy Skill it lacks (the
+    micro room has no multi-intent Skill) is not required, nor are that Skill's rules.
+    """
     groups, chosen, allowed = [], [], set()
     for part in parts:
-        group = frozenset(part.reply_skills)
+        reply = [s for s in part.reply_skills if s in present]
+        group = frozenset(reply)
         if group not in groups:
             groups.append(group)
         if not group & set(chosen):
-            chosen.append(part.reply_skills[0])
-        for s in part.strategy:
+            chosen.append(reply[0])
+        for s in (s for s in part.strategy if s in present):
             if frozenset({s}) not in groups:
                 groups.append(frozenset({s}))
             chosen.append(s)
-        allowed |= set(part.allowed_skills)
-    if multi:
+        allowed |= set(part.allowed_skills) & present
+    if multi and "multi-intent" in present:
         groups.append(frozenset({"multi-intent"}))
         chosen.append("multi-intent")
 
@@ -411,15 +405,28 @@ def _merge(intents, parts, *, multi: bool) -> tuple[Gold, frozenset[str], frozen
         if all("none" not in p.channels for p in parts)
         else frozenset({"public", "none"}),
     )
-    return gold, frozenset(chosen), frozenset(r for p in parts for r in p.rules)
+    rules = frozenset(r for p in parts for r in p.rules if r.split("#")[0] in present)
+    return gold, frozenset(chosen), rules
 
 
 def generate_scenarios(
-    world: livestream.World, *, phrasings: str | pathlib.Path | None = None
+    world: livestream.World,
+    *,
+    phrasings: str | pathlib.Path | None = None,
+    harness: hx.Harness | None = None,
 ) -> ScenarioSet:
-    """Every scenario the templates give for `world`, deterministically (same files, same set)."""
+    """Every scenario the templates give for `world`, deterministically (same files, same set).
+
+    Args:
+      world: the world the scenarios are about.
+      phrasings: the template file (default: Harness v0's, `phrasings_path(world)`).
+      harness: the released Harness the scenarios are solved in (default: the world's own,
+        Harness v0): gold Skills are its Skills, and a template whose gold needs a tool it does
+        not have gives no scenario.
+    """
     data = load_phrasings(phrasings or phrasings_path(world))
-    builder, out, seen = _Builder(world, data), [], set()
+    harness = harness or hx.load(world.root)
+    builder, out, seen = _Builder(world, data, harness), [], set()
     for family in FAMILIES:
         for t in data["families"][family]:
             for inst in builder.instances(family, t):
@@ -431,6 +438,11 @@ def generate_scenarios(
 
 
 @functools.cache
-def default_scenarios() -> ScenarioSet:
-    """The scenarios of the bundled world (generated once per process)."""
-    return generate_scenarios(livestream.load_world(livestream.default_world_dir()))
+def default_scenarios(room: str = "v0") -> ScenarioSet:
+    """The scenarios of a bundled room (`livestream.room`; generated once per process)."""
+    spec = livestream.room(room)
+    return generate_scenarios(
+        livestream.load_world(spec.world_dir),
+        phrasings=spec.phrasings,
+        harness=hx.load(spec.harness_dir),
+    )

@@ -64,6 +64,8 @@ class SimConfig:
     """Settings of the simulated room.
 
     Attributes:
+      room: the bundled live room (`livestream.room`: "v0" or "micro"): its world, released
+        Harness and scenarios are the defaults of `LiveRoom`.
       split: which scenarios episodes are drawn from (train, dev or test).
       proportions: family -> weight for sampling (missing families get 0); None samples every
         family of the split equally.
@@ -72,6 +74,7 @@ class SimConfig:
       limits: the agent loop's rounds, time budget and per-tool timeout.
     """
 
+    room: str = "v0"
     split: str = "train"
     proportions: Mapping[str, float] | None = None
     hsa: HsaConfig = dataclasses.field(default_factory=HsaConfig)
@@ -79,6 +82,7 @@ class SimConfig:
     limits: hx.Limits = dataclasses.field(default_factory=hx.Limits)
 
     def __post_init__(self):
+        livestream.room(self.room)  # an unknown room is refused here, by name
         if self.split not in SPLITS:
             raise ValueError(f"SimConfig.split must be one of {SPLITS}, got {self.split!r}")
         if self.proportions is not None:
@@ -118,10 +122,10 @@ class LiveRoom:
     """The simulator: draws scenarios and Harness states, runs a policy, scores the episode.
 
     Args:
-      config: split, family proportions, HSA, faults, loop limits.
-      world: the world tools answer from (default: the bundled one).
-      harness: the released Harness to vary (default: Harness v0 of the world).
-      scenarios: the scenario pool (default: generated from the bundled world).
+      config: room, split, family proportions, HSA, faults, loop limits.
+      world: the world tools answer from (default: the room's).
+      harness: the released Harness to vary (default: the room's).
+      scenarios: the scenario pool (default: the room's, `default_scenarios(config.room)`).
       rewarder: scores episodes (default: `rl.rewards.Rewarder`).
     """
 
@@ -137,11 +141,11 @@ class LiveRoom:
         from rl.rewards import Rewarder
 
         self.config = config or SimConfig()
-        self.world = world or livestream.load_world(livestream.default_world_dir())
-        self.harness = harness or hx.load(self.world.root)
-        self.scenarios = (scenarios if scenarios is not None else default_scenarios()).split(
-            self.config.split
-        )
+        room = livestream.room(self.config.room)
+        self.world = world or livestream.load_world(room.world_dir)
+        self.harness = harness or hx.load(room.harness_dir)
+        pool = scenarios if scenarios is not None else default_scenarios(self.config.room)
+        self.scenarios = pool.split(self.config.split)
         self.rewarder = rewarder or Rewarder(self.harness)
         self._requests: dict[str, hx.Request] = {}
         self._families, self._weights = self._sampling_table()
