@@ -5,6 +5,8 @@
   python -m launch.eval --config=configs/eval_demo.py:teacher    # the scripted teacher (ceiling)
   python -m launch.eval --config=configs/eval_demo.py:rules      # the offline rule policy
   python -m launch.eval --config=configs/eval_demo.py:openai     # an OpenAI-compatible endpoint
+  python -m launch.eval --config=configs/eval_demo.py:teacher --config.room=micro \
+      --config.sets_dir=runs/eval/sets-micro --config.run_dir=runs/eval/teacher-micro
 
 Every variant evaluates the same set versions (`sets_dir`, `seed`, `sizes`), so their runs
 compare item by item (`baseline`: another run's directory, for paired bootstrap intervals in
@@ -24,6 +26,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.stage = "eval"
     c.run_dir = f"runs/eval/{variant}"
+    # The live room (`hat_jax.livestream.ROOMS`): its released Harness and its scenarios. A
+    # sets_dir holds one room's sets (e.g. runs/eval/sets-micro for room="micro").
+    c.room = "v0"
     c.sets_dir = "runs/eval/sets"
     c.sets = "t1,t2,t3_tool,t3_prompt,general"
     c.split = "test"  # "dev" builds the sets Harness evolution tunes on

@@ -6,6 +6,11 @@
       --base_url http://localhost:30000/v1 --model hat-policy --server_extensions
   python -m launch.agent --comment "is the serum in stock?" --policy jax \
       --checkpoint runs/demo/sft/checkpoints               # a trained checkpoint (Orbax or HF)
+  python -m launch.agent --comment "how much is the serum?" --room micro   # the micro Harness
+
+`--room` (`hat_jax.livestream.ROOMS`) picks the released Harness: on the bundled world the
+room's (`livestream.room(name).harness_dir`); on another `--world` folder, its Harness folder of
+the same name (`harness/` for v0, as before rooms).
 
 `--comments_file` takes plain text (one comment per line) or JSONL
 (`{"text", "viewer_id", "handle", "ts"}`). The default policy is the offline rule-based baseline;
@@ -27,6 +32,9 @@ from launch import _logs, _policy
 
 _WORLD = flags.DEFINE_string(
     "world", str(livestream.default_world_dir()), "World folder with harness/."
+)
+_ROOM = flags.DEFINE_enum(
+    "room", "v0", list(livestream.ROOMS), "The live room: which released Harness answers."
 )
 _COMMENT = flags.DEFINE_string("comment", None, "One viewer comment to answer.")
 _FILE = flags.DEFINE_string("comments_file", None, "Text (one per line) or JSONL comments.")
@@ -98,10 +106,21 @@ def _mcp(world_dir: str):
     return hx.McpToolset(target, timeout_s=_TOOL_TIMEOUT.value)
 
 
+def harness_dir(world_dir: str, room: str) -> pathlib.Path:
+    """The released Harness of `room` for a world folder: the bundled room's own on the bundled
+    world; on another folder, for v0 the folder itself (`hx.load` finds its `harness/`, as
+    before rooms), else its Harness folder of the room's name (e.g. `harness_micro/`)."""
+    spec, world = livestream.room(room), pathlib.Path(world_dir)
+    if world.resolve() == spec.world_dir.resolve():
+        return spec.harness_dir
+    return world if room == "v0" else world / spec.harness_dir.name
+
+
 def main(argv):
     del argv
     _logs.quiet()
-    world, harness = livestream.load_world(_WORLD.value), hx.load(_WORLD.value)
+    world = livestream.load_world(_WORLD.value)
+    harness = hx.load(harness_dir(_WORLD.value, _ROOM.value))
     state = hx.HarnessState(harness=harness)
     comments = _comments(world)
     if _MODE.value == "multi":
@@ -133,7 +152,8 @@ def main(argv):
         if mcp is not None:
             tools = tools.merged(hx.bind_mcp_tools(state, "marketing", mcp))
         print(
-            f"Harness {harness.name} {harness.release} ({harness.version}); tools: {sorted(tools)}"
+            f"Room {_ROOM.value}: Harness {harness.name} {harness.release} ({harness.version}); "
+            f"tools: {sorted(tools)}"
         )
         for i, group in enumerate(groups):
             request = world.make_request(

@@ -15,9 +15,15 @@ the Final Evaluation Judge of T1/T2's Accuracy and Effectiveness (the rule score
 `config.calibration.labels` (JSONL/CSV of item_id, dimension, label) writes the calibration of
 the rule scorer, the panel and each judge against those human labels. `config.harness_edit`
 (an edit file, `hat_jax.harness.load_edit`) runs the same items under the released Harness with
-that revision of its prompt and Skills applied (the weights fixed), as Harness evolution does. Sets are built once under `config.sets_dir` and
-reused (`hat_jax.eval.ensure_sets`); a rerun with the same `run_dir` resumes. Writes
+that revision of its prompt and Skills applied (the weights fixed), as Harness evolution does.
+`config.room` ("v0" or "micro", `hat_jax.livestream.ROOMS`) is the live room: its released
+Harness and its scenarios; summary.json and report.md record it. Sets are built once under
+`config.sets_dir` and reused (`hat_jax.eval.ensure_sets`; a folder of one room's sets is
+refused for another: one `sets_dir` per room); a rerun with the same `run_dir` resumes. Writes
 `<run_dir>/items/<set>.jsonl`, `summary.json`, `report.md` and `plots/`.
+
+  python -m launch.eval --config=configs/eval_demo.py:teacher --config.room=micro \
+      --config.sets_dir=runs/eval/sets-micro --config.run_dir=runs/eval/teacher-micro
 """
 
 from __future__ import annotations
@@ -53,10 +59,12 @@ class Built:
     limits: hx.Limits
     baseline: str | None
     harness_edit: hx.HarnessEdit | None = None
+    room: str = "v0"
 
 
 def build(c, *, run_dir: str | None = None) -> Built:
-    """Validates `c` (set names, policy kind, sampling) and converts it."""
+    """Validates `c` (set names, policy kind, live room, sampling) and converts it."""
+    room = livestream.room(c.get("room", "v0")).name  # an unknown room is refused by name
     names = tuple(s.strip() for s in c.sets.split(",") if s.strip())
     unknown = sorted(set(names) - set(hev.KINDS))
     if not names or unknown:
@@ -87,6 +95,7 @@ def build(c, *, run_dir: str | None = None) -> Built:
         limits=hx.Limits(**c.limits.to_dict()),
         baseline=c.baseline or None,
         harness_edit=hx.load_edit(c.harness_edit) if c.harness_edit else None,
+        room=room,
     )
 
 
@@ -161,7 +170,7 @@ def run(c, *, run_dir: str | None = None) -> dict[str, Any]:
     """Builds the sets, evaluates the policy, writes the report (and the judge calibration
     when human labels are given); returns the summary."""
     b = build(c, run_dir=run_dir)
-    ctx = dataclasses.replace(hev.EvalContext.default(), limits=b.limits,
+    ctx = dataclasses.replace(hev.EvalContext.default(b.room), limits=b.limits,
                               judge=judge_for(c.judge),
                               judge_on_failure=c.judge.on_failure)  # fmt: skip
     sets = hev.ensure_sets(b.sets, ctx, sets_dir=b.sets_dir, split=b.split, sizes=b.sizes,
@@ -179,7 +188,8 @@ def run(c, *, run_dir: str | None = None) -> dict[str, Any]:
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    lines = [f"policy {summary['run']['policy']}"]
+    run = summary["run"]
+    lines = [f"policy {run['policy']} in the {run.get('room', 'v0')} room ({run['harness']})"]
     for name, s in summary["sets"].items():
         figures = " ".join(f"{m}={100 * v:.1f}" for m, v in s["metrics"].items())
         lines.append(f"{name} ({s['version']}, n={s['n']}): {figures}")

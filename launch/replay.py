@@ -6,9 +6,11 @@
       --warmup 10 --requests 100 --slo_s 15
 
 The cases are a stored set of agent items (default: T1's dev split, built once under
-`runs/replay/cases`; the folder's manifest is its version). Writes `requests.jsonl`,
-`summary.json`, `manifest.json` and `latency.png` under `--out` (see `serve.replay`) and
-prints one line per concurrency level.
+`runs/replay/cases`, `runs/replay/cases-<room>` for another room; the folder's manifest is its
+version). The episodes run the released Harness of the cases' live room (their manifest's,
+"v0" for a set that names none); `--room` must agree with it, and picks the room of the
+default cases. Writes `requests.jsonl`, `summary.json`, `manifest.json` (the room included) and
+`latency.png` under `--out` (see `serve.replay`) and prints one line per concurrency level.
 """
 
 import os
@@ -17,6 +19,7 @@ from absl import app, flags
 
 from hat_jax import eval as hev
 from hat_jax import harness as hx
+from hat_jax import livestream
 from launch import _logs
 
 _ENDPOINT = flags.DEFINE_string("endpoint", None, "The API root, e.g. http://127.0.0.1:8000/v1.")
@@ -38,6 +41,32 @@ _EXTENSIONS = flags.DEFINE_bool(
 )
 _KEY_ENV = flags.DEFINE_string("api_key_env", "OPENAI_API_KEY", "Variable holding the API key.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Recorded in the manifest.")
+_ROOM = flags.DEFINE_enum(
+    "room", None, list(livestream.ROOMS),
+    "The live room (default: the cases' own; v0 for the default cases); must match the cases.",
+)  # fmt: skip
+
+
+def default_cases_dir(room: str) -> str:
+    """Where the default cases (T1 dev) of a room are built: one folder per room."""
+    return "runs/replay/cases" if room == "v0" else f"runs/replay/cases-{room}"
+
+
+def cases_and_context() -> tuple[hev.EvalSet, hev.EvalContext]:
+    """The case set and the evaluation context of its live room (`--cases` and `--room`)."""
+    from serve import replay as rp
+
+    if _CASES.value:
+        cases = rp.load_cases(_CASES.value)
+        try:
+            room = rp.cases_room(cases, _ROOM.value)
+        except ValueError as err:
+            raise app.UsageError(f"--room={_ROOM.value}: {err}") from None
+        return cases, hev.EvalContext.default(room)
+    ctx = hev.EvalContext.default(_ROOM.value or "v0")
+    cases = hev.ensure_set("t1", ctx, sets_dir=default_cases_dir(ctx.room), split="dev",
+                           size=_CASE_COUNT.value)  # fmt: skip
+    return cases, ctx
 
 
 def main(argv):
@@ -51,12 +80,7 @@ def main(argv):
         levels = tuple(int(x) for x in _LEVELS.value)
     except ValueError:
         raise app.UsageError(f"--concurrency takes integers, got {_LEVELS.value}") from None
-    ctx = hev.EvalContext.default()
-    if _CASES.value:
-        cases = rp.load_cases(_CASES.value)
-    else:
-        cases = hev.ensure_set("t1", ctx, sets_dir="runs/replay/cases", split="dev",
-                               size=_CASE_COUNT.value)  # fmt: skip
+    cases, ctx = cases_and_context()
     config = rp.ReplayConfig(
         concurrency=levels, warmup=_WARMUP.value, requests=_REQUESTS.value, slo_s=_SLO.value,
         sampling=hx.SamplingParams(temperature=_TEMPERATURE.value, max_tokens=_MAX_TOKENS.value,
@@ -67,7 +91,8 @@ def main(argv):
         cases, ctx, endpoint=_ENDPOINT.value, model=_MODEL.value, run_dir=_OUT.value,
         config=config, checkpoint=_CHECKPOINT.value, api_key=os.environ.get(_KEY_ENV.value),
     )  # fmt: skip
-    print(f"cases {cases.version} ({len(cases)} items); results in {_OUT.value}")
+    print(f"cases {cases.version} ({len(cases)} items) in the {ctx.room} room "
+          f"(Harness {ctx.harness.version}); results in {_OUT.value}")  # fmt: skip
     for level, s in summary["levels"].items():
         p50 = s["latency_p50_s"]
         print(

@@ -6,12 +6,15 @@
       --server_extensions                                        # SGLang's request fields
   python -m launch.simulate --export_scenarios runs/sim/scenarios.jsonl --episodes 0
   python -m launch.simulate --policy jax --checkpoint runs/demo/export/hf --episodes 20
+  python -m launch.simulate --room micro --episodes 20           # the micro room
 
 Each episode draws a scenario (family weights from `--proportions`), a Harness state (HSA over
 `--dims`, the original for `--original_fraction` of episodes) and fault draws, runs the policy in
-the Harness agent loop and scores it. Writes `trajectories.jsonl`, `episodes.jsonl` (scenario,
-seed, Harness version, rewards with reasons, injected faults) and `summary.json` (mean rewards
-per family) under `--out`, and prints the summary.
+the Harness agent loop and scores it. `--room` (`hat_jax.livestream.ROOMS`) is the live room:
+its released Harness and its scenario pool (`rl.sim.SimConfig.room`). Writes
+`trajectories.jsonl`, `episodes.jsonl` (room, scenario, seed, Harness version, rewards with
+reasons, injected faults), `summary.json` (mean rewards per family) and `manifest.json` (room,
+released Harness, split, policy, episodes, seed) under `--out`, and prints the summary.
 """
 
 import collections
@@ -27,6 +30,9 @@ from launch import _logs
 from launch import _policy as _jax
 from rl import sim
 
+_ROOM = flags.DEFINE_enum(
+    "room", "v0", list(livestream.ROOMS), "Live room: released Harness and scenario pool."
+)
 _SPLIT = flags.DEFINE_enum("split", "train", list(sim.SPLITS), "Scenario split.")
 _EPISODES = flags.DEFINE_integer("episodes", 100, "Episodes to run.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the first episode (episode k uses seed + k).")
@@ -64,6 +70,7 @@ def _config() -> sim.SimConfig:
             raise app.UsageError(f"--proportions takes family=weight pairs: {_PROPORTIONS.value!r}")
         proportions = {k.strip(): float(v) for k, v in pairs}
     return sim.SimConfig(
+        room=_ROOM.value,
         split=_SPLIT.value,
         proportions=proportions,
         hsa=sim.HsaConfig(
@@ -93,9 +100,12 @@ def main(argv):
     _logs.quiet()
     out = pathlib.Path(_OUT.value)
     if _EXPORT.value:
-        path = sim.write_scenarios(_EXPORT.value, sim.default_scenarios())
-        print(f"{len(sim.default_scenarios())} scenarios written to {path}")
+        pool = sim.default_scenarios(_ROOM.value)
+        path = sim.write_scenarios(_EXPORT.value, pool)
+        print(f"{len(pool)} scenarios of the {_ROOM.value} room written to {path}")
     room, records, trajectories = sim.LiveRoom(_config()), [], []
+    released = room.harness
+    print(f"Room {_ROOM.value}: Harness {released.name} {released.release} ({released.version})")
     policy = _policy(room)
     by_family = collections.defaultdict(list)
     for k in range(_EPISODES.value):
@@ -108,6 +118,7 @@ def main(argv):
         by_family[ep.scenario.family].append([scores[d] for d in _DIMS4])
         records.append(
             {
+                "room": _ROOM.value,
                 "scenario": ep.scenario.id,
                 "seed": ep.seed,
                 "harness": ep.state.harness.version,
@@ -126,6 +137,7 @@ def main(argv):
         out / "episodes.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     )
     files.write_text(out / "summary.json", json.dumps(summary, indent=1))
+    files.write_json(out / "manifest.json", _manifest(released, len(records)))
     print(f"{'family':20s} {'n':>4s} " + " ".join(f"{d[:10]:>10s}" for d in _DIMS4))
     for family, row in summary.items():
         values = " ".join(f"{row[d]:10.3f}" for d in _DIMS4)
@@ -136,6 +148,19 @@ def main(argv):
 
 
 _DIMS4 = ("accuracy", "effectiveness", "tool_rationality", "skill_selection")
+
+
+def _manifest(released: hx.Harness, episodes: int) -> dict:
+    """What the run was: the live room and its released Harness, the split, policy and seeds."""
+    return {
+        "room": _ROOM.value,
+        "harness": {"name": released.name, "release": released.release,
+                    "version": released.version},
+        "split": _SPLIT.value,
+        "policy": _POLICY.value,
+        "episodes": episodes,
+        "seed": _SEED.value,
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ trajectory viewer shows. Per level (`summary.json`): latency P50/P95 (linear
 interpolation), TTFT P50/P95, mean decode tokens/s, the success rate, and the SLO attainment:
 successful requests within `slo_s` over all measured requests (failures count as misses).
 `manifest.json` binds the run: id, endpoint and route, model, the case set's name, version and
-hash, the Harness version, levels, generation settings, timeouts, the server's info when it
-reports it, and times; `latency.png` plots the latency distribution per level.
+hash, the live room and its Harness version (the cases' room: a set of one room never
+replays under another's Harness), levels, generation settings, timeouts, the server's info when
+it reports it, and times; `latency.png` plots the latency distribution per level.
 
 An endpoint that does not answer the probe is an error naming it; one that stops answering
 mid-run (every request of `abort_after` in a row failing to connect) ends the run with the
@@ -45,10 +46,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from hat_jax import files
+from hat_jax import files, livestream
 from hat_jax import harness as hx
 from hat_jax.eval import EvalContext, EvalSet
-from hat_jax.eval._items import content_hash
+from hat_jax.eval._items import check_room, content_hash
 from hat_jax.eval._run import _run_one
 from hat_jax.eval._sets import KINDS
 from hat_jax.harness._openai import chat_payload, turn_from_message
@@ -234,6 +235,25 @@ def load_cases(folder: os.PathLike | str) -> EvalSet:
     return cases
 
 
+def cases_room(cases: EvalSet, requested: str | None = None) -> str:
+    """The live room the replay runs in: the one the case set was built for (its manifest's;
+    "v0" for a set written before rooms), which an explicitly `requested` room must match.
+
+    Raises:
+      ValueError: `requested` is not a bundled room, or is another room than the cases' (both
+        named).
+    """
+    if requested is None:
+        return cases.room
+    livestream.room(requested)  # an unknown room is refused, naming the known ones
+    if requested != cases.room:
+        raise ValueError(
+            f"the case set {cases.version} was built for the {cases.room!r} live room, not the "
+            f"requested {requested!r}: pass its own room or cases built for {requested!r}"
+        )
+    return requested
+
+
 def _percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None  # linear interpolation
 
@@ -293,11 +313,14 @@ def replay(
 
     Raises:
       ValueError: the cases are not agent items of one set kind.
+      SetVersionError: the cases were built for another live room than `ctx.room` (the
+        Harness loop must be the room's own).
       ReplayError: the endpoint does not answer, or stopped answering (results so far kept).
     """
     items = list(cases)
     if not items or not all(i.agent for i in items):
         raise ValueError(f"replay: {cases.name} must hold agent items (e.g. a T1 set)")
+    check_room(cases, ctx.room, "replay")
     kind = KINDS[items[0].set.split("-", 1)[0]]
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -321,6 +344,7 @@ def replay(
         "checkpoint": checkpoint,
         "cases": {"set": cases.name, "version": cases.version,
                   "sha256": content_hash([i.digest() for i in items]), "count": len(items)},
+        "room": ctx.room,
         "harness_version": ctx.harness.version,
         "config": config.to_dict(),
         "server_info": _server_info(client, endpoint),

@@ -2,6 +2,7 @@
 
     from hat_jax import eval as hev
     ctx = hev.EvalContext.default()                               # bundled world + Harness v0
+    # hev.EvalContext.default("micro"): the micro room's Harness and scenarios (own sets_dir)
     sets = hev.ensure_sets(["t1", "t2", "general"], ctx, sets_dir="runs/eval/sets")
     policy = hev.BatchedPolicy(jax_policy, describe={"kind": "jax"})   # or Factory/Endpoint
     hev.evaluate(sets, policy, kinds=hev.KINDS, ctx=ctx, run_dir="runs/eval/sft")

@@ -193,7 +193,7 @@ class _GeneralKind:
         )
         generator = {"kind": self.name, "split": split, "size": size, "seed": seed,
                      "tasks": len(tasks_for(split)), "max_words": MAX_WORDS}  # fmt: skip
-        return EvalSet(name, items, generator)
+        return EvalSet(name, items, generator, room=ctx.room)
 
     def prepare(self, item: EvalItem, ctx: EvalContext) -> Prepared:
         if item.prompt is None:

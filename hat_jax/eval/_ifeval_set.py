@@ -25,7 +25,7 @@ class _IFEvalKind:
     metrics = ("strict_prompt", "loose_prompt", "strict_instruction", "loose_instruction", "avg")
 
     def build(self, ctx: EvalContext, *, split: str, size: int, seed: int) -> EvalSet:
-        del ctx
+        """`size` official prompts (all by default); the same whatever the room (recorded)."""
         if split != "test":
             raise ValueError(f"IFEval has only its official test prompts, not a {split!r} split")
         prompts = ifeval_prompts()
@@ -45,7 +45,7 @@ class _IFEvalKind:
         )
         generator = {"source": "official", "prompts": len(prompts), "size": size,
                      "subset": size < IFEVAL_SIZE, "seed": seed if size < len(prompts) else None}  # fmt: skip
-        return EvalSet(self.name, items, generator)
+        return EvalSet(self.name, items, generator, room=ctx.room)
 
     def prepare(self, item: EvalItem, ctx: EvalContext) -> Prepared:
         return Prepared(

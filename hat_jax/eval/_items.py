@@ -7,8 +7,14 @@ scorer expects beyond the scenario's gold (`expect`). An `EvalSet` is an ordered
 items with a version: the hash of the generator's settings and every item's content, so two
 runs are comparable only when they evaluated the same version.
 
+The set also records the live room it was built for (`EvalContext.room`): the agent sets'
+items are that room's scenarios (so their content, and the version, differ between rooms), and
+`ensure_set` and the runner refuse a set of one room under another, even one whose items do not
+depend on the room (the general set).
+
 On disk a set is a folder `<sets_dir>/<name>/` holding `items.jsonl` and `manifest.json`
-(name, version, generator settings, one content hash per item), both written atomically.
+(name, version, room, generator settings, one content hash per item), both written atomically;
+a manifest written before rooms existed reads as the "v0" room.
 Reading checks every item against its manifest hash; a changed or corrupt file is an error that
 names the item or line.
 """
@@ -28,6 +34,7 @@ from hat_jax import harness as hx
 
 ITEMS_FILE = "items.jsonl"
 MANIFEST_FILE = "manifest.json"
+DEFAULT_ROOM = "v0"  # the room of a set whose manifest names none (written before rooms)
 
 
 class SetVersionError(ValueError):
@@ -119,11 +126,14 @@ class EvalSet(Sequence[EvalItem]):
       name: the set's name.
       items: the items, in evaluation order.
       generator: the settings the set was built with (seeds, sizes, bank splits ...).
+      room: the live room it was built for (`EvalContext.room`). Not part of the version,
+        which its items' content already makes room-specific, so the v0 sets keep theirs.
     """
 
     name: str
     items: tuple[EvalItem, ...]
     generator: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    room: str = DEFAULT_ROOM
 
     def __post_init__(self):
         object.__setattr__(self, "items", tuple(self.items))
@@ -156,6 +166,7 @@ class EvalSet(Sequence[EvalItem]):
         return {
             "name": self.name,
             "version": self.version,
+            "room": self.room,
             "generator": hx.thaw(self.generator),
             "count": len(self.items),
             "families": _counts(i.family for i in self.items),
@@ -174,6 +185,19 @@ def _counts(values: Iterable[str]) -> dict[str, int]:
     for v in values:
         out[v] = out.get(v, 0) + 1
     return dict(sorted(out.items()))
+
+
+def check_room(eval_set: EvalSet, room: str, where: str) -> None:
+    """Refuses a set built for another live room than `room` (`where` names the caller).
+
+    Raises:
+      SetVersionError: naming the set, the room it was built for and `room`.
+    """
+    if eval_set.room != room:
+        raise SetVersionError(
+            f"{where}: {eval_set.version} was built for the {eval_set.room!r} live room, not "
+            f"{room!r}: a set of one room is never evaluated as another's"
+        )
 
 
 def write_set(sets_dir: os.PathLike | str, eval_set: EvalSet) -> pathlib.Path:
@@ -214,7 +238,8 @@ def read_set(folder: os.PathLike | str, *, version: str | None = None) -> EvalSe
         raise SetVersionError(
             f"{folder / ITEMS_FILE} does not match its manifest (first difference: {bad})"
         )
-    out = EvalSet(manifest["name"], tuple(items), manifest.get("generator", {}))
+    out = EvalSet(manifest["name"], tuple(items), manifest.get("generator", {}),
+                  room=manifest.get("room", DEFAULT_ROOM))  # fmt: skip
     if out.version != manifest["version"]:
         raise SetVersionError(f"{folder}: manifest version {manifest['version']} != {out.version}")
     if version is not None and out.version != version:

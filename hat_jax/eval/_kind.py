@@ -4,8 +4,8 @@ Each set kind (`t1`, `t2`, `t3_tool`, `t3_prompt`, `general`) is a `SetKind` obj
 explicitly in `hat_jax.eval._sets.KINDS`. The runner knows nothing about any of them beyond
 this interface:
 
-- `build(ctx, *, split, size, seed)` -> `EvalSet`: deterministic in its arguments and the
-  bundled world; the generator settings go into the set's manifest.
+- `build(ctx, *, split, size, seed)` -> `EvalSet`: deterministic in its arguments, the world
+  and the context's room; the generator settings and the room go into the set's manifest.
 - `prepare(item, ctx)` -> `Prepared`: the Harness state, tools and request an agent item runs
   under (a fresh sandbox per call), or the messages of a single-call item.
 - `score(item, prepared, result)` -> `{metric: value}` in [0, 1] with `"avg"` among them: the
@@ -26,7 +26,7 @@ from hat_jax.eval._items import EvalItem, EvalSet, content_hash
 
 @dataclasses.dataclass(frozen=True)
 class EvalContext:
-    """The released world and Harness every set derives from.
+    """The released world and Harness every set derives from, and the live room they belong to.
 
     Attributes:
       world: the world tools answer from.
@@ -37,6 +37,10 @@ class EvalContext:
         Keep it apart from the RL reward judge (its own endpoints, prompts and cache).
       judge_on_failure: "fail" (an item no judge could label stops the run) or "rules" (that
         item keeps the rule labels, and its record says so).
+      room: the bundled live room (`livestream.ROOMS`) whose scenarios the agent sets draw
+        from (on the bundled world, its cached pool; on another world folder, that folder's
+        phrasing file of the same name). Every set records it, and a set built for one room
+        is refused under another.
     """
 
     world: livestream.World
@@ -44,8 +48,10 @@ class EvalContext:
     limits: hx.Limits = dataclasses.field(default_factory=hx.Limits)
     judge: Any = None
     judge_on_failure: str = "fail"
+    room: str = "v0"
 
     def __post_init__(self):
+        livestream.room(self.room)  # an unknown room is refused, naming the known ones
         if self.judge_on_failure not in ("fail", "rules"):
             raise ValueError(
                 f"EvalContext.judge_on_failure must be 'fail' or 'rules', "
@@ -64,10 +70,15 @@ class EvalContext:
         }
 
     @classmethod
-    def default(cls) -> EvalContext:
-        """The bundled world and its Harness v0."""
-        world = livestream.load_world(livestream.default_world_dir())
-        return cls(world=world, harness=hx.load(world.root))
+    def default(cls, room: str = "v0") -> EvalContext:
+        """The bundled world with the released Harness of `room` (Harness v0 by default).
+
+        Raises:
+          ValueError: `room` is not a bundled room (the known ones are named).
+        """
+        spec = livestream.room(room)
+        world = livestream.load_world(spec.world_dir)
+        return cls(world=world, harness=hx.load(spec.harness_dir), room=spec.name)
 
 
 @dataclasses.dataclass

@@ -1,8 +1,9 @@
 # Over 400 lines: T1 and T2 share the sampling, the held-out edit and the scoring of one scenario split.
 """T1 Live-Stream QA and T2 Harness-Variant QA (paper §4.1-4.2, appendix E.2).
 
-Both sets are simulator scenarios of one split (`rl.sim.default_scenarios()`, whose splits hold
-products and phrasings out together), sampled deterministically in the seed and stratified over
+Both sets are simulator scenarios of one split of the context's live room
+(`rl.sim.default_scenarios(ctx.room)`, whose splits hold products and phrasings out together;
+`room_scenarios`), sampled deterministically in the seed and stratified over
 families: the families are put in a seeded order, each family's scenarios are shuffled with their
 own seeded stream, and items are dealt round-robin across families until `size` is reached, so
 every family is represented as evenly as its scenario count allows.
@@ -99,21 +100,42 @@ def rewarder(harness: hx.Harness) -> Rewarder:
 
 # ---------------------------------------------------------------------------------- scenarios
 @functools.lru_cache(maxsize=4)
-def _world_scenarios(root: str) -> sim.ScenarioSet:
-    if pathlib.Path(root).resolve() == pathlib.Path(livestream.default_world_dir()).resolve():
-        return sim.default_scenarios()
-    return sim.generate_scenarios(livestream.load_world(root))
+def _world_scenarios(root: str, phrasings: str, harness: hx.Harness) -> sim.ScenarioSet:
+    return sim.generate_scenarios(livestream.load_world(root), phrasings=phrasings,
+                                  harness=harness)  # fmt: skip
+
+
+def room_scenarios(ctx: EvalContext) -> sim.ScenarioSet:
+    """Every scenario of the context's room and world (all splits).
+
+    On the bundled world, the room's cached pool (`rl.sim.default_scenarios(ctx.room)`); on
+    another world folder, the scenarios its phrasing file of the room's name gives, solved in
+    `ctx.harness` (generated once per world, file and Harness).
+
+    Raises:
+      FileNotFoundError: another world folder has no phrasing file for the room (named).
+    """
+    spec = livestream.room(ctx.room)
+    root = pathlib.Path(ctx.world.root).resolve()
+    if root == spec.world_dir.resolve():
+        return sim.default_scenarios(ctx.room)
+    phrasings = root / "scenarios" / spec.phrasings.name
+    if not phrasings.is_file():
+        raise FileNotFoundError(
+            f"the world {root} has no phrasing file {phrasings.name} for the {ctx.room!r} room"
+        )
+    return _world_scenarios(str(root), str(phrasings), ctx.harness)
 
 
 def split_scenarios(ctx: EvalContext, split: str) -> sim.ScenarioSet:
-    """The scenarios of `split` for the context's world.
+    """The scenarios of `split` for the context's room and world (`room_scenarios`).
 
     Raises:
       ValueError: `split` is not one of `rl.sim.SPLITS`.
     """
     if split not in sim.SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {sim.SPLITS}")
-    return _world_scenarios(str(ctx.world.root)).split(split)
+    return room_scenarios(ctx).split(split)
 
 
 def stratified_sample(
@@ -253,7 +275,7 @@ class LiveStreamQA(_ScenarioQA):
             EvalItem(id=s.id, set=name, family=s.family, scenario=s.to_dict()) for s in chosen
         )
         generator = {"kind": self.name, "split": split, "size": size, "seed": seed}
-        return EvalSet(name, items, generator)
+        return EvalSet(name, items, generator, room=ctx.room)
 
     def prepare(self, item: EvalItem, ctx: EvalContext) -> Prepared:
         """The released Harness, the scenario's request, a fresh fault-free sandbox."""
@@ -318,7 +340,7 @@ class HarnessVariantQA(_ScenarioQA):
             "dims": dims,
             "banks": {"train": training_bank_hash(), "heldout": bank},
         }
-        return EvalSet(name, tuple(items), generator)
+        return EvalSet(name, tuple(items), generator, room=ctx.room)
 
     def _edit(
         self, harness: hx.Harness, scenario: sim.Scenario, seed: int

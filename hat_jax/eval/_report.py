@@ -1,11 +1,12 @@
 """The Markdown report of an evaluation run, with PNG plots and optional baseline comparisons.
 
 `write_report(run_dir)` reads the run's `summary.json` and `items/<set>.jsonl` and writes
-`<run>/report.md`: the run record (policy, checkpoint, Harness version, sampling, set
-versions), per set a table of its metrics (scores x100, one decimal, with a bootstrap interval
-of the mean) and a table per family, and `plots/<set>.png` with each metric's mean and interval.
-With `baseline_dir`, each set both runs evaluated is also compared item by item (paired
-bootstrap: delta, its interval and P(delta <= 0)), and the plots show both runs side by side.
+`<run>/report.md`: the run record (policy, checkpoint, live room, Harness version, sampling,
+set versions; a run recorded before rooms existed was in the v0 room), per set a table of its
+metrics (scores x100, one decimal, with a bootstrap interval of the mean) and a table per
+family, and `plots/<set>.png` with each metric's mean and interval. With `baseline_dir`, each
+set both runs evaluated is also compared item by item (paired bootstrap: delta, its interval
+and P(delta <= 0)), and the plots show both runs side by side.
 Every file is written atomically.
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from hat_jax import files
+from hat_jax.eval._items import DEFAULT_ROOM
 from hat_jax.eval._stats import (
     Bootstrap,
     Interval,
@@ -94,6 +96,7 @@ def _record(summary: Mapping[str, Any], run_dir: pathlib.Path, title: str) -> li
         f"- {title}: `{run_dir}`",
         f"- Policy: {_json(run.pop('policy', None))}",
         f"- Checkpoint: {_cell(run.pop('checkpoint', None) or '-')}",
+        f"- Live room: {_cell(run.pop('room', None) or DEFAULT_ROOM)}",
         f"- Harness: {_cell(run.pop('harness', None) or '-')}",
         f"- Sampling: {_json(sampling)}",
         f"- Created: {_cell(run.pop('created', None) or '-')}",

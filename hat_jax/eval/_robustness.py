@@ -22,17 +22,15 @@ remainders), ordered by a hash of the seed and the scenario id. Item ids are sce
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hat_jax import harness as hx
-from hat_jax import livestream
 from hat_jax.eval import _constraints, _distractors
 from hat_jax.eval._items import EvalItem, EvalSet, stable_seed
 from hat_jax.eval._kind import EvalContext, Prepared, set_name
-from hat_jax.eval._qa_sets import rewarder
+from hat_jax.eval._qa_sets import rewarder, room_scenarios
 from rl import sim
 from rl.rewards import RewardConfig, Rewarder
 from rl.rewards._rules import _Episode
@@ -69,10 +67,9 @@ def _h(*parts: Any) -> int:
 
 
 def scenarios_for(ctx: EvalContext, split: str) -> sim.ScenarioSet:
-    """The scenarios of `ctx.world` (the cached default set for the bundled world)."""
-    same = pathlib.Path(ctx.world.root).resolve() == livestream.default_world_dir().resolve()
-    pool = sim.default_scenarios() if same else sim.generate_scenarios(ctx.world)
-    return pool.split(split)
+    """The scenarios of `split` in the context's room and world (`_qa_sets.room_scenarios`:
+    the room's cached pool on the bundled world)."""
+    return room_scenarios(ctx).split(split)
 
 
 def tool_facts(s: sim.Scenario) -> list[sim.Fact]:
@@ -170,17 +167,19 @@ class _T3ToolKind:
             items.append(tool_item(s, records, name))
         generator = {"kind": self.name, "split": split, "size": size, "seed": seed,
                      "penalty": PENALTY, "bank": [look.name for look in _distractors.BANK]}  # fmt: skip
-        return EvalSet(name, tuple(items), generator)
+        return EvalSet(name, tuple(items), generator, room=ctx.room)
 
     @staticmethod
     def _choose(ctx: EvalContext, s: sim.Scenario, rng: random.Random) -> list:
-        """Two or three distractors: look-alikes of the needed tools first, then of others;
-        one that would answer with a required fact is discarded."""
+        """Two or three distractors: look-alikes of the needed tools first, then of others the
+        Harness has (the micro room's lacks some mimicked tools); one that would answer with a
+        required fact is discarded."""
         n = rng.choice((2, 3))
         needed = list(dict.fromkeys(c.tool for c in s.gold.calls))
         first = [rng.sample(_distractors.candidates(t), 1) for t in needed]
         own = [look for t in needed for look in _distractors.candidates(t)]
-        others = [look for look in _distractors.BANK if look not in own]
+        others = [look for look in _distractors.BANK
+                  if look not in own and ctx.harness.tool(look.mimics) is not None]  # fmt: skip
         ordered = [x for group in first for x in group]
         ordered += rng.sample(own, len(own)) + rng.sample(others, len(others))
         facts = tool_facts(s)
@@ -276,7 +275,7 @@ class _T3PromptKind:
         generator = {"kind": self.name, "split": split, "size": size, "seed": seed,
                      "reply_types": list(_constraints.REPLY_TYPES),
                      "orders": [list(k) for k in _constraints.ORDERS]}  # fmt: skip
-        return EvalSet(name, tuple(items), generator)
+        return EvalSet(name, tuple(items), generator, room=ctx.room)
 
     def prepare(self, item: EvalItem, ctx: EvalContext) -> Prepared:
         state = with_instructions(ctx.harness, list(item.harness.get("items", ())))

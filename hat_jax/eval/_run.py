@@ -20,7 +20,8 @@ Items are processed in fixed chunks of `batch_size`; each finished chunk is appe
 with the same run directory resumes without redoing finished items (chunks keep their
 composition, so the resumed run decodes exactly what an uninterrupted one would). A run
 directory belongs to one version of each set: resuming against another version is refused.
-`summary.json` (means per set, metric and family; policy errors) is rewritten after each set.
+`summary.json` (means per set, metric and family; policy errors; the live room, Harness version
+and judge of the run) is rewritten after each set. Every set must belong to the context's room.
 """
 
 from __future__ import annotations
@@ -38,7 +39,14 @@ from typing import Any
 
 from hat_jax import files
 from hat_jax import harness as hx
-from hat_jax.eval._items import EvalItem, EvalSet, SetVersionError, stable_seed
+from hat_jax.eval._items import (
+    DEFAULT_ROOM,
+    EvalItem,
+    EvalSet,
+    SetVersionError,
+    check_room,
+    stable_seed,
+)
 from hat_jax.eval._kind import EvalContext, Prepared, SetKind, kind_name
 
 SUMMARY_FILE = "summary.json"
@@ -277,7 +285,8 @@ def evaluate(
       The summary (also written to `run_dir/summary.json`).
 
     Raises:
-      SetVersionError: `run_dir` holds results of another version of one of the sets.
+      SetVersionError: a set was built for another live room than `ctx.room`, or `run_dir`
+        holds results of another room or of another version of one of the sets.
       EvalError: the policy's endpoint does not answer, or every item of the first chunk of a
         set failed with a policy error.
     """
@@ -290,6 +299,7 @@ def evaluate(
             f"{run_dir} was scored by the judge {judged}, not {ctx.describe_judge()}: use a "
             "new run directory (runs compare only under the same Final Evaluation Judge)"
         )
+    _check_rooms(sets, ctx, run_dir, previous)
     for s in sets:
         old = previous["sets"].get(s.name, {}).get("version")
         if old is not None and old != s.version:
@@ -300,6 +310,7 @@ def evaluate(
     summary = {
         "run": {
             "policy": policy.description,
+            "room": ctx.room,
             "harness": ctx.harness.version,
             "judge": ctx.describe_judge(),
             "config": config.to_dict(),
@@ -323,6 +334,19 @@ def evaluate(
         files.write_json(run_dir / SUMMARY_FILE, summary)
     files.write_json(run_dir / SUMMARY_FILE, summary)
     return summary
+
+
+def _check_rooms(sets: Sequence[EvalSet], ctx: EvalContext, run_dir: pathlib.Path,
+                 previous: Mapping[str, Any]) -> None:  # fmt: skip
+    """Every set, and the run directory being resumed, belong to the context's live room."""
+    for s in sets:
+        check_room(s, ctx.room, "eval")
+    before = previous.get("run", {}).get("room", DEFAULT_ROOM if previous.get("run") else None)
+    if before is not None and before != ctx.room:
+        raise SetVersionError(
+            f"{run_dir} holds an evaluation in the {before!r} live room, not {ctx.room!r}: "
+            "use a new run directory"
+        )
 
 
 def _evaluate_set(

@@ -3,9 +3,10 @@
     sets = ensure_sets(["t1", "t2"], ctx, sets_dir="runs/eval/sets", sizes={"t1": 26})
 
 `ensure_set` builds a set from its kind's generator and writes it the first time; afterwards it
-reads the stored set and checks that the generator still produces the same version, so a set
-never changes silently under a series of runs. A pinned `version` that the folder does not
-hold is an error that names what it holds.
+reads the stored set and checks that it was built for the context's live room and that the
+generator still produces the same version, so a set never changes silently under a series of
+runs (nor passes for another room's). A pinned `version` that the folder does not hold is an
+error that names what it holds. Keep one `sets_dir` per room.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def ensure_set(
       version: when given, the version the stored set must have.
 
     Raises:
-      SetVersionError: the stored set is another version than the generator gives now or than
-        `version` (both named).
+      SetVersionError: the stored set was built for another live room than `ctx.room`, or is
+        another version than the generator gives now or than `version` (both named).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown evaluation set {kind!r}; known: {sorted(KINDS)}")
@@ -59,11 +60,16 @@ def ensure_set(
     folder = pathlib.Path(sets_dir) / set_name(kind, split)
     if version is not None and not (folder / MANIFEST_FILE).is_file():
         raise SetVersionError(f"set version {version} is not stored: {folder} does not exist")
+    stored = read_set(folder, version=version) if (folder / MANIFEST_FILE).is_file() else None
+    if stored is not None and stored.room != ctx.room:
+        raise SetVersionError(
+            f"{folder} holds a set built for the {stored.room!r} live room, not {ctx.room!r}: "
+            f"use another sets_dir for the {ctx.room!r} room (one sets_dir per room)"
+        )
     built = KINDS[kind].build(ctx, split=split, size=size or DEFAULT_SIZES[kind], seed=seed)
-    if not (folder / MANIFEST_FILE).is_file():
+    if stored is None:
         write_set(sets_dir, built)
         return built
-    stored = read_set(folder, version=version)
     if stored.version != built.version:
         raise SetVersionError(
             f"{folder} holds {stored.version} but these settings build {built.version} "

@@ -73,3 +73,23 @@ def test_plain_text_file_without_marketing(tmp_path):
     assert stdout.count("spoken:") == 2
     coupon = hx.read_trajectories(tmp_path / "t.jsonl")[1]
     assert [r.error for r in coupon.tool_calls if r.canonical == "issue_coupon"] == ["no_executor"]
+
+
+@pytest.mark.slow
+def test_the_micro_room_answers_with_its_own_harness(tmp_path):
+    out = tmp_path / "t.jsonl"
+    stdout = _run("--room", "micro", "--comment", "how much is the serum?", "--mcp", "inprocess",
+                  "--out", str(out))  # fmt: skip
+    assert "Room micro: Harness livestream-micro micro-v0" in stdout
+    assert "spoken: @lily_loves_skincare, HydraSilk Hyaluronic Serum 30 ml is ¥149" in stdout
+    (traj,) = hx.read_trajectories(out)
+    assert traj.harness["name"] == "livestream-micro" and traj.harness["release"] == "micro-v0"
+    assert "search_products" not in traj.model_calls[0].tools  # v0 has it, micro does not
+
+
+def test_an_unknown_room_is_refused():
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.agent", "--room", "v9", "--comment", "hi"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "--room" in proc.stderr and "micro" in proc.stderr
