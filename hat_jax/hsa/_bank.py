@@ -5,8 +5,11 @@ tool, paraphrases of descriptions, Skill rules, prompt items and Hook messages, 
 variants (hook envelopes, user-message layouts, fallback replies, block titles) and synthetic
 Skills. Every text paraphrase is stored with the `source` text it was reviewed against and is
 looked up by that text, so an operator's edit to a Skill or a prompt item silently disables its
-stale paraphrases instead of reintroducing old wording. Loading checks the bank itself: names
-are valid identifiers and unique, paraphrases keep the source's placeholders exactly.
+stale paraphrases instead of reintroducing old wording. A Skill's description, intro or rule and
+a tool's description may hold a list of such entries instead of one: released Harnesses that
+share a Skill or tool name but word it differently (Harness v0 and the micro room's compact
+Harness) each get their own reviewed `source`. Loading checks the bank itself: names are valid
+identifiers and unique, paraphrases keep the source's placeholders exactly.
 """
 
 from __future__ import annotations
@@ -146,6 +149,14 @@ def _read(directory: pathlib.Path, name: str, problems: list[str]) -> Mapping[st
     return data
 
 
+def _entries(key: str, entry: Any) -> list[tuple[str, Any]]:
+    """A text field's reviewed entries with their keys: one entry, or a list of them (one per
+    wording of the field in a released Harness), keyed `key[i]`."""
+    if isinstance(entry, list):
+        return [(f"{key}[{i}]", e) for i, e in enumerate(entry)]
+    return [(key, entry)]
+
+
 def _skills(c: _Collector, data: Mapping, names: dict, titles: dict) -> None:
     for skill, entry in data.items():
         if not isinstance(entry, Mapping):
@@ -155,18 +166,19 @@ def _skills(c: _Collector, data: Mapping, names: dict, titles: dict) -> None:
         titles[skill] = tuple(entry.get("title") or ())
         for field in ("description", "intro"):
             if field in entry:
-                c.variants("skills.yaml", f"{skill}.{field}", f"skill.{field}", entry[field])
+                for key, e in _entries(f"{skill}.{field}", entry[field]):
+                    c.variants("skills.yaml", key, f"skill.{field}", e)
         for number, rule in (entry.get("rules") or {}).items():
-            c.variants("skills.yaml", f"{skill}#{number}", "skill.rule", rule)
+            for key, e in _entries(f"{skill}#{number}", rule):
+                c.variants("skills.yaml", key, "skill.rule", e)
 
 
 def _tools(c: _Collector, data: Mapping, names: dict) -> None:
     for tool, entry in (data.get("tools") or {}).items():
         names[("tool", tool)] = c.names("tools.yaml", tool, entry.get("names"), TOOL_NAME)
         if "description" in entry:
-            c.variants(
-                "tools.yaml", f"{tool}.description", "tool.description", entry["description"]
-            )
+            for key, e in _entries(f"{tool}.description", entry["description"]):
+                c.variants("tools.yaml", key, "tool.description", e)
     for i, entry in enumerate(data.get("parameters") or ()):
         c.variants("tools.yaml", f"parameters[{i}]", "tool.parameter", entry)
 

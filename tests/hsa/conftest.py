@@ -1,4 +1,5 @@
-"""Fixtures for the Harness-State Augmentation tests: Harness v0 and the bundled world."""
+"""Fixtures for the Harness-State Augmentation tests: Harness v0, the micro room's compact
+Harness and the bundled world."""
 
 import pytest
 
@@ -9,6 +10,11 @@ from hat_jax import livestream
 @pytest.fixture(scope="session")
 def base() -> hx.Harness:
     return hx.load(livestream.default_world_dir())
+
+
+@pytest.fixture(scope="session")
+def micro() -> hx.Harness:
+    return hx.load(livestream.room("micro").harness_dir)
 
 
 @pytest.fixture(scope="session")
