@@ -43,7 +43,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict(dict(tokenizer_dir=""))
     c.sim = ml_collections.ConfigDict(
         dict(
-            world="",  # "" = the bundled live room (data/livestream); or a world folder
+            # the bundled live room: "v0" (Harness v0) or "micro" (the compact Harness the
+            # miniature learns; `hat_jax.livestream.room`)
+            room="v0",
+            world="",  # "" = the bundled world (data/livestream) with the room's Harness; or a
+            # world folder with its own harness/
             scenarios="",  # "" = generated from the world; or a scenario JSONL
             split="train",
             eval_split="dev",

@@ -76,6 +76,7 @@ def wire(c: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
     the previous stage's output; a stage whose producer is not in `c.stages` keeps its block's
     input."""
     stages = parse_stages(c.stages)
+    room = pipeline_room(c)
     out: dict[str, Any] = {}
     base = _copy(c.base)
     base.run_dir = str(workdir / "base")
@@ -93,11 +94,14 @@ def wire(c: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict[str, Any]:
     out["base"] = base
     corpus = _copy(c.corpus)
     corpus.out = str(workdir / "corpus")
+    corpus.room = room
     out["corpus"] = corpus
     for name in ("sft", "opd", "rl", "mtp", "eval"):
         block = _copy(c[name])
         block.run_dir = str(workdir / name)
         out[name] = block
+    out["rl"].sim.room = room  # the room's scenarios and released Harness everywhere
+    out["eval"].room = base.evaluation.room = room
     if "corpus" in stages:
         out["sft"].data.corpus = corpus.out
         out["sft"].data.eval_split = "dev" if corpus.dev_scenarios else ""
@@ -150,13 +154,25 @@ def git_commit() -> dict[str, Any] | None:
         return None
 
 
+def pipeline_room(c: ml_collections.ConfigDict) -> str:
+    """The bundled live room every stage of the run uses (`c.room`; "v0" when a config has
+    none), checked by name."""
+    from hat_jax import livestream
+
+    room = c.get("room", "v0")
+    livestream.room(room)  # an unknown room is refused here, naming the known ones
+    return room
+
+
 def harness_version(c: ml_collections.ConfigDict) -> dict[str, str]:
-    """The base Harness the run trains and evaluates against (the RL block's world)."""
+    """The released Harness the run trains and evaluates against: the RL block's world
+    folder's own, else the room's."""
     from hat_jax import harness as hx
     from hat_jax import livestream
 
-    base = hx.load(c.rl.sim.world or livestream.default_world_dir())
-    return {"name": base.name, "release": base.release, "version": base.version}
+    room = pipeline_room(c)
+    base = hx.load(c.rl.sim.world or livestream.room(room).harness_dir)
+    return {"room": room, "name": base.name, "release": base.release, "version": base.version}
 
 
 def _finished(result: Any, block: ml_collections.ConfigDict) -> None:
@@ -177,12 +193,13 @@ def _corpus(b: ml_collections.ConfigDict, mesh: Any) -> dict[str, Any]:
         path = out / f"{split}.manifest.json"
         if not path.is_file():
             config = data.CorpusConfig(
-                split=split, num_scenarios=scenarios, states_per_scenario=b.states_per_scenario,
+                room=b.room, split=split, num_scenarios=scenarios, states_per_scenario=b.states_per_scenario,
                 states=b.states, hsa_dims=b.hsa_dims, hsa_strength=b.hsa_strength, seed=b.seed,
             )  # fmt: skip
             data.write_corpus(config, out, num_shards=b.num_shards)
         m = json.loads(path.read_text())
-        versions[split] = {"manifest_sha256": _sha256(path), "records": m["records"],
+        versions[split] = {"manifest_sha256": _sha256(path), "room": m.get("room", "v0"),
+                           "records": m["records"],
                            "states": m["config"]["states"], "hsa_dims": m["hsa_dims"],
                            "harness": m["harness"]["version"]}  # fmt: skip
     return {"inputs": {}, "outputs": {"corpus": str(out)}, "versions": {"corpus": versions}}
@@ -377,6 +394,7 @@ def run_pipeline(
         "format": 1,
         "workdir": str(root),
         "stages": list(stages),
+        "room": pipeline_room(c),
         "config": c.to_dict(),
         "versions": {"harness": harness_version(c), "git": git_commit()},
         "invocations": [*previous.get("invocations", []), invocation],

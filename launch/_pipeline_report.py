@@ -45,7 +45,8 @@ def _header(m: dict[str, Any]) -> list[str]:
         f"- Workdir: `{m['workdir']}`; status **{m['status']}**"
         + (f" (failed stage: `{m['failed_stage']}`)" if m.get("failed_stage") else ""),
         f"- Code: {commit}; {_environment()}",
-        f"- Harness: {h['name']} {h['release']} (`{h['version']}`)",
+        f"- Live room: {h.get('room', 'v0')}; Harness: {h['name']} {h['release']} "
+        f"(`{h['version']}`)",
         f"- Last invocation {last['started']}: ran {last['ran'] or 'nothing'}, skipped "
         f"{last['skipped'] or 'nothing'}; the manifest (`manifest.json`) holds every stage's "
         "config, inputs, outputs and versions.",

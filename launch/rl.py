@@ -43,6 +43,7 @@ class Built:
 def _sim(c) -> sim.SimConfig:
     s = c.sim
     return sim.SimConfig(
+        room=s.room,
         split=s.split,
         hsa=sim.HsaConfig(
             dims=hsa.parse_dims(s.hsa_dims),
@@ -87,10 +88,12 @@ def build(c, *, run_dir: str | None = None) -> Built:
 
 
 def rooms(c, config: rl.RLConfig) -> tuple[sim.LiveRoom, sim.LiveRoom]:
-    """The training and held-out rooms: the world and Harness (validated on load), the
-    scenarios (a JSONL file, or generated), the rewarder (rules, or the judge panel's)."""
-    world = livestream.load_world(c.sim.world or livestream.default_world_dir())
-    harness = hx.load(world.root)
+    """The training and held-out rooms: the world and Harness (validated on load: a world
+    folder's own, else the bundled room's), the scenarios (a JSONL file, or the room's), the
+    rewarder (rules, or the judge panel's)."""
+    room = livestream.room(config.sim.room)
+    world = livestream.load_world(c.sim.world or room.world_dir)
+    harness = hx.load(world.root if c.sim.world else room.harness_dir)
     scenarios = sim.read_scenarios(c.sim.scenarios) if c.sim.scenarios else None
     rewarder = rewards.Rewarder(harness)
     if c.judge.endpoints:

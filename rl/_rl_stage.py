@@ -360,7 +360,8 @@ _ROWS = [(f"reward/{d}", d.replace("_", " "), "{:.3f}") for d in REWARD_DIMS] + 
 def summary_lines(result: RLResult, config: RLConfig) -> Sequence[str]:
     t, r = result.train, config.rollout
     lines = [
-        f"HSA-RL: {result.step} updates on {t['rollouts']} rollouts ({r.scenarios} scenarios x "
+        f"HSA-RL in the {config.sim.room} live room: {result.step} updates on {t['rollouts']} "
+        f"rollouts ({r.scenarios} scenarios x "
         f"{r.group_size} episodes, HSA original share {config.sim.hsa.original_fraction}) in "
         f"{result.seconds:.0f} s; training reward (mean of four) {t['reward_first']:.3f} "
         f"(first rollout) -> {t['reward_last']:.3f} (last).",

@@ -93,6 +93,12 @@ def test_each_stage_reads_the_previous_stages_output(tmp_path):
     assert (scored.sets, scored.policy.checkpoint) == ("general", base)
     assert w["eval"].baseline == scored.run_dir == str(tmp_path / "base" / "eval")
     assert scored.sets_dir == w["eval"].sets_dir and scored.sizes.general == c.eval.sizes.general
+    room = c.get("room", "v0")  # one field selects the live room of every stage
+    assert w["corpus"].room == w["rl"].sim.room == w["eval"].room == scored.room == room
+    c.room = "v9"
+    with pytest.raises(ValueError, match="unknown live room 'v9'"):
+        _pipeline.wire(c, tmp_path)
+    c.room = room
     c.base.general.train = 0
     with pytest.raises(ValueError, match="config.base.general: train >= 1"):
         pipeline_launch.build(c, run_dir=str(tmp_path))
@@ -307,6 +313,7 @@ def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tm
         v["corpus"]["train"]["records"] > 0 and len(v["corpus"]["train"]["manifest_sha256"]) == 64
     )
     assert set(v["eval_sets"]) == {"t1", "general"} and v["harness"]["version"]
+    assert m["room"] == v["harness"]["room"] == v["corpus"]["train"]["room"] == c.room
     assert v["general_corpus"]["train"]["records"] == 24
     base = m["entries"]["base"]
     assert base["outputs"]["eval"] == str(tmp_path / "run" / "base" / "eval" / "report.md")

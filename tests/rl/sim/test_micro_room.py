@@ -4,8 +4,8 @@ solved by the teacher, and its conversations fit the room's token budget under e
 dimension."""
 
 import collections
-import json
 import functools
+import json
 
 import numpy as np
 import pytest
