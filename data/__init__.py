@@ -13,7 +13,7 @@ Public API:
     Corpus records and files (`data._records`):
         CORPUS_SCHEMA, corpus_record, state_info, CorpusWriter, write_json
     The teacher corpus (`data._corpus`; CLI `python -m launch.make_corpus`):
-        CorpusConfig, TeacherConfig, STATE_MODES, write_corpus, generate_corpus,
+        CorpusConfig, TeacherConfig, STATE_MODES, CORPUS_SAMPLES, write_corpus, generate_corpus,
         corpus_scenario_ids, CorpusStats, CorpusOutcome
     Record sources: open_source, JsonlSource
     General instructions for OPD (`data._instructions`):
@@ -43,6 +43,7 @@ from data._convert import (
     split_rows,
     trajectory_conversation,
 )
+from data._corpus import SAMPLES as CORPUS_SAMPLES
 from data._corpus import STATE_MODES, CorpusConfig, CorpusStats, TeacherConfig, write_corpus
 from data._corpus import Outcome as CorpusOutcome
 from data._corpus import generate as generate_corpus
@@ -101,6 +102,7 @@ __all__ = [
     "CorpusStats",
     "CorpusConfig",
     "STATE_MODES",
+    "CORPUS_SAMPLES",
     "BATCH_KEYS",
     "CONFLICTS",
     "CONSTRAINT_TYPES",

@@ -34,6 +34,7 @@ from hat_jax import harness as hx
 from hat_jax import livestream
 from hat_jax.files import write_text
 
+SAMPLES = ("uniform", "families")
 STATE_MODES = ("original+augmented", "original", "augmented")
 
 
@@ -83,6 +84,10 @@ class CorpusConfig:
         released Harness (the original state and what HSA varies) and its world.
       split: the scenario split (train, dev, test).
       num_scenarios: how many scenarios of the split (a seeded sample; None = all).
+      sample: how `num_scenarios` are drawn: "uniform" over the split's scenarios (families
+        in the pool's proportions), or "families": dealt round-robin over the families, as
+        the evaluation sets draw theirs (`hat_jax.eval` T1/T2), so a family the pool holds
+        few scenarios of is trained on as often as the others.
       states_per_scenario: K, Harness states (episodes) per scenario.
       states: "original+augmented" (state 0 original, the rest augmented), "original" (the
         Fixed-Harness ablation: every state is the original) or "augmented".
@@ -100,6 +105,7 @@ class CorpusConfig:
     room: str = "v0"
     split: str = "train"
     num_scenarios: int | None = None
+    sample: str = "uniform"
     states_per_scenario: int = 4
     states: str = "original+augmented"
     hsa_dims: str = "all"
@@ -113,6 +119,8 @@ class CorpusConfig:
 
     def __post_init__(self):
         livestream.room(self.room)  # an unknown room is refused here, by name
+        if self.sample not in SAMPLES:
+            raise ValueError(f"sample must be one of {SAMPLES}, got {self.sample!r}")
         if self.states not in STATE_MODES:
             raise ValueError(f"states must be one of {STATE_MODES}, got {self.states!r}")
         if self.dims_per_state is not None and self.dims_per_state < 1:
@@ -294,15 +302,26 @@ def _run_in_worker(scenario_id: str) -> list[Outcome]:
 
 
 def scenario_ids(config: CorpusConfig) -> list[str]:
-    """The scenarios of the corpus: a seeded sample of the split, in a stable order."""
+    """The scenarios of the corpus: a seeded sample of the split (`config.sample`), in a
+    stable order."""
     from rl import sim
 
-    ids = [s.id for s in sim.default_scenarios(config.room).split(config.split)]
+    pool = sim.default_scenarios(config.room).split(config.split)
+    ids = [s.id for s in pool]
     if not ids:
         raise ValueError(f"no scenarios in split {config.split!r}")
-    if config.num_scenarios is not None and config.num_scenarios < len(ids):
-        ids = sorted(random.Random(_seed(config.seed, "sample")).sample(ids, config.num_scenarios))
-    return ids
+    n = config.num_scenarios
+    if n is None or n >= len(ids):
+        return ids
+    rng = random.Random(_seed(config.seed, "sample"))
+    if config.sample == "uniform":
+        return sorted(rng.sample(ids, n))
+    by_family: dict[str, list[str]] = {}
+    for s in pool:
+        by_family.setdefault(s.family, []).append(s.id)
+    decks = [rng.sample(v, len(v)) for _, v in sorted(by_family.items())]
+    dealt = [deck[i] for i in range(max(map(len, decks))) for deck in decks if i < len(deck)]
+    return sorted(dealt[:n])
 
 
 def generate(

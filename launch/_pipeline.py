@@ -193,7 +193,8 @@ def _corpus(b: ml_collections.ConfigDict, mesh: Any) -> dict[str, Any]:
         path = out / f"{split}.manifest.json"
         if not path.is_file():
             config = data.CorpusConfig(
-                room=b.room, split=split, num_scenarios=scenarios, states_per_scenario=b.states_per_scenario,
+                room=b.room, split=split, num_scenarios=scenarios,
+                sample=b.get("sample", "uniform"), states_per_scenario=b.states_per_scenario,
                 states=b.states, hsa_dims=b.hsa_dims, hsa_strength=b.hsa_strength, seed=b.seed,
             )  # fmt: skip
             data.write_corpus(config, out, num_shards=b.num_shards)

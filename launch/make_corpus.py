@@ -32,6 +32,12 @@ _SPLITS = flags.DEFINE_list("splits", ["train"], "Scenario splits to generate (t
 _NUM = flags.DEFINE_integer(
     "num_scenarios", None, "Scenarios per split (seeded sample; all if unset)."
 )
+_SAMPLE = flags.DEFINE_enum(
+    "sample",
+    "uniform",
+    list(data.CORPUS_SAMPLES),
+    "How --num_scenarios are drawn: uniform over the split, or round-robin over families.",
+)
 _K = flags.DEFINE_integer("states_per_scenario", 4, "Harness states (episodes) per scenario.")
 _STATES = flags.DEFINE_enum(
     "states", "original+augmented", list(data.STATE_MODES), "Which Harness states to use."
@@ -78,6 +84,7 @@ def _config(split: str) -> data.CorpusConfig:
         room=_ROOM.value,
         split=split,
         num_scenarios=_NUM.value,
+        sample=_SAMPLE.value,
         states_per_scenario=_K.value,
         states=_STATES.value,
         hsa_dims=_DIMS.value,

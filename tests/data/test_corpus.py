@@ -1,6 +1,7 @@
 """The teacher corpus: K states per scenario, the quality filter, the retry-history policy,
 the files and statistics, determinism, and the command line."""
 
+import collections
 import http.server
 import json
 import re
@@ -228,6 +229,26 @@ def test_config_errors():
         data.TeacherConfig(kind="openai")
     with pytest.raises(ValueError, match="retry_fraction"):
         data.CorpusConfig(retry_fraction=2.0)
+    with pytest.raises(ValueError, match="sample must be one of"):
+        data.CorpusConfig(sample="stratified")
+
+
+@pytest.mark.parametrize("room", ["v0", "micro"])
+def test_a_family_sample_deals_the_families_evenly(room):
+    """`sample="families"` takes the same number of scenarios of every family (the pool's
+    proportions are far from even), a seeded subset of the split, stable in its seed."""
+    from rl import sim
+
+    pool = {s.id: s.family for s in sim.default_scenarios(room).split("train")}
+    n = 3 * len(sim.FAMILIES) + 2
+    ids = data.corpus_scenario_ids(data.CorpusConfig(room=room, num_scenarios=n, sample="families"))
+    counts = collections.Counter(pool[i] for i in ids)
+    assert len(set(ids)) == n and set(ids) <= set(pool)
+    assert set(counts) == set(sim.FAMILIES) and set(counts.values()) <= {3, 4}
+    again = data.CorpusConfig(room=room, num_scenarios=n, sample="families")
+    assert data.corpus_scenario_ids(again) == ids
+    other = data.CorpusConfig(room=room, num_scenarios=n, sample="families", seed=1)
+    assert data.corpus_scenario_ids(other) != ids
 
 
 @pytest.mark.slow
