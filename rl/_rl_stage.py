@@ -57,6 +57,7 @@ from rl.advantages import REWARD_DIMS, HatAdvantageConfig
 from rl.sim import LiveRoom, SimConfig
 
 SUMMARY_FILE = "rl_summary"
+HELDOUT_DIR = "heldout"  # per-episode held-out rewards of each evaluation
 OLD_LOGPROBS = ("sampler", "recompute")
 
 
@@ -132,6 +133,7 @@ class RLResult:
     seconds: float
     summary_path: pathlib.Path
     resumed_from: int | None
+    change: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(self)
@@ -225,7 +227,13 @@ class HeldOut:
         out["rounds"] = float(np.mean([t.rounds for t in trajectories]))
         out["fallback"] = float(np.mean([t.final.fallback for t in trajectories]))
         out["faults"] = float(np.mean([len(t.faults) for t in trajectories]))
-        self._write(int(jax.device_get(state.step)), r.episodes[: self.config.eval_trajectories])
+        step = int(jax.device_get(state.step))
+        if jax.process_index() == 0:  # per episode, for the paired before/after interval
+            files.write_json(self.run_dir / HELDOUT_DIR / f"step_{step}.json", {
+                "scenarios": [e.scenario.id for e in r.episodes],
+                "rewards": {d: rewards[:, i].tolist() for i, d in enumerate(REWARD_DIMS)},
+            })  # fmt: skip
+        self._write(step, r.episodes[: self.config.eval_trajectories])
         return out
 
     def _write(self, step: int, episodes) -> None:
@@ -238,6 +246,28 @@ class HeldOut:
                             default=str) for e in episodes]  # fmt: skip
         files.write_jsonl(base.with_suffix(".jsonl"), lines)
         files.write_text(base.with_suffix(".md"), "\n".join(readable(e) for e in episodes))
+
+
+def heldout_change(run_dir: pathlib.Path, first: int, last: int) -> dict[str, dict[str, float]]:
+    """The held-out rewards' change from step `first` to `last`: per reward and for their
+    mean, a paired bootstrap over the same greedy episodes (the 95% interval of the mean
+    difference); {} when either step's per-episode file is missing or they differ."""
+    from hat_jax.eval import paired_bootstrap
+
+    paths = [run_dir / HELDOUT_DIR / f"step_{s}.json" for s in (first, last)]
+    if first == last or not all(p.is_file() for p in paths):
+        return {}
+    before, after = (json.loads(p.read_text()) for p in paths)
+    if before["scenarios"] != after["scenarios"]:
+        return {}
+    out = {}
+    for name in (*REWARD_DIMS, "mean"):
+        pick = (lambda r: np.mean([r[d] for d in REWARD_DIMS], axis=0)) if name == "mean" \
+            else (lambda r, name=name: np.asarray(r[name]))  # fmt: skip
+        b = paired_bootstrap(pick(before["rewards"]), pick(after["rewards"]))
+        out[name] = {"before": b.mean_a, "after": b.mean_b, "delta": b.delta,
+                     "low": b.low, "high": b.high, "n": b.n}  # fmt: skip
+    return out
 
 
 def readable(episode) -> str:
@@ -328,7 +358,7 @@ def run_rl(
         before=evals.get(0, {}), after=evals.get(trained.step, {}),
         train={"reward_first": mean(first), "reward_last": mean(last), "rollouts": len(steps)},
         seconds=time.perf_counter() - start, summary_path=run_dir / f"{SUMMARY_FILE}.json",
-        resumed_from=resumed,
+        resumed_from=resumed, change=heldout_change(run_dir, 0, trained.step),
     )  # fmt: skip
     write_summary(run_dir, SUMMARY_FILE, result, config, summary_lines(result, config))
     return result
@@ -373,6 +403,11 @@ def summary_lines(result: RLResult, config: RLConfig) -> Sequence[str]:
         if key in result.after:
             before = result.before.get(key, float("nan"))
             lines.append(f"| {label} | {fmt.format(before)} | {fmt.format(result.after[key])} |")
+    for key, c in result.change.items():
+        label = "mean of the four rewards" if key == "mean" else key.replace("_", " ")
+        lines.append(f"held-out {label}: {c['before']:.3f} -> {c['after']:.3f}, change "
+                     f"{c['delta']:+.3f} (95% interval {c['low']:+.3f} to {c['high']:+.3f}, "
+                     f"paired over {c['n']} episodes)")  # fmt: skip
     lines += ["", f"checkpoint: {result.checkpoint_dir}",
               f"metrics: {result.run_dir / 'metrics.jsonl'}; trajectories: "
               f"{result.run_dir / 'trajectories'}"]  # fmt: skip

@@ -17,6 +17,7 @@ from data.tokenizer import load_tokenizer
 from hat_jax import chat_format
 from hat_jax import harness as hx
 from hat_jax.metrics import read_metrics
+from rl.advantages import REWARD_DIMS
 from rl.sim import HsaConfig, LiveRoom, SimConfig
 from tests.rl import rl_check
 
@@ -165,6 +166,12 @@ def test_the_policy_learns_a_synthetic_reward(learned):
     print("training reward per rollout:", [round(x, 2) for x in curve])
     assert np.mean(curve[:3]) < 0.3 and np.mean(curve[-5:]) >= 0.9
     assert result.before["reward/mean"] < 0.3 and result.after["reward/mean"] >= 0.9
+    # The same held-out episodes before and after, paired: the change and its interval.
+    change = result.change["mean"]
+    assert change["before"] == pytest.approx(result.before["reward/mean"])
+    assert change["after"] == pytest.approx(result.after["reward/mean"])
+    assert 0 < change["low"] <= change["delta"] <= change["high"]
+    assert set(result.change) == {*REWARD_DIMS, "mean"}
     for key in ("clip_low", "clip_high", "ratio_mean", "logprob_mismatch", "filtered",
                 "q_length", "cot_length/reply", "faults", "rounds", "trajectories_per_second",
                 "sampling_seconds", "learn_seconds", "data_seconds"):  # fmt: skip
