@@ -105,7 +105,7 @@ def _architecture(config: QwenConfig) -> dict:
 
 
 @pytest.mark.parametrize(
-    "name", ["tiny", "tiny_attention", "small", "qwen3_6_35b_a3b", "qwen3_30b_a3b"]
+    "name", ["tiny", "tiny_attention", "micro", "small", "qwen3_6_35b_a3b", "qwen3_30b_a3b"]
 )
 def test_hf_dict_round_trip_through_transformers(name):
     config = PRESETS[name]
