@@ -29,6 +29,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The stages this run holds, in pipeline order (a subset skips the others: a stage's
     # input is then its own block's path).
     c.stages = "base,corpus,sft,opd,rl,mtp,export,eval"
+    # The bundled live room of every stage (`hat_jax.livestream.room`; the corpus, RL's
+    # simulator and the evaluation sets follow it): "v0", Harness v0, or "micro", the compact
+    # Harness with a composed comment language (give it its own `eval.sets_dir`, and the
+    # `micro` model preset to the base). The demo stays on v0 until a micro policy learns the
+    # task in its budget: measured, a tiny policy from random weights does not yet read the
+    # comment behind the micro Harness's 1.3K tokens of prompt in 300 SFT steps (README).
+    c.room = "v0"
     # The base: the tiny model trained from random weights on general verifiable instructions
     # (`configs/base_demo.py`), then scored on these evaluation sets (the final evaluation
     # compares itself with it, item by item). HSA-SFT starts from it; OPD distils toward it.

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from hat_jax import files
+from launch._pipeline_outcome import outcome_lines
 
 REPORT = "report.md"
 _TITLES = {
@@ -110,7 +111,7 @@ def _stage(root: pathlib.Path, name: str, e: dict[str, Any]) -> list[str]:
 
 def write_report(root: pathlib.Path, manifest: dict[str, Any]) -> pathlib.Path:
     """Writes `<root>/report.md` from `manifest` (and the stages' own files) and returns it."""
-    text = _header(manifest) + _table(manifest)
+    text = _header(manifest) + outcome_lines(root, manifest) + _table(manifest)
     for name in manifest["stages"]:
         text += _stage(root, name, manifest["entries"][name])
     path = root / REPORT

@@ -42,6 +42,10 @@ def build(c, *, run_dir: str | None = None) -> dict:
             raise ValueError(f"config.edit_test: dev_cases and heldout_cases >= 1, got "
                              f"{t.dev_cases} and {t.heldout_cases}")  # fmt: skip
         _edit_test.check_candidates(t.candidates)
+        if c.pipeline.get("room", "v0") != "v0":  # its cases and candidate edits are v0's
+            raise ValueError(f"config.edit_test runs on Harness v0's cases and edits; the arms "
+                             f"train in the {c.pipeline.room!r} live room: set "
+                             "config.edit_test.arms='' (planned: the test in the micro room)")  # fmt: skip
     for p in configs.values():
         pipeline_launch.build(p, run_dir=p.workdir)
     return configs

@@ -227,9 +227,13 @@ def test_a_failed_stage_exits_non_zero_naming_it(tmp_path):
     assert m["failed_stage"] == "sft" and "launch.make_corpus" in m["entries"]["sft"]["error"]
 
 
-def tiny_pipeline() -> object:
-    """The whole pipeline at its smallest: 1-4 steps per stage, two scenarios, two one-item sets."""
+def tiny_pipeline(room: str = "v0") -> object:
+    """The whole pipeline at its smallest: 1-4 steps per stage, two scenarios, two one-item
+    sets, in `room` (the micro room with its model preset)."""
     c = full_chain()
+    c.room = room
+    if room == "micro":
+        c.base.model.preset = "micro"
     c.base.general.update(dict(train=24, dev=4))
     quiet = dict(log_every=1, eval_every=0, checkpoint_every=1, progress=False, plots=False)
     c.base.trainer.update(dict(total_steps=2, batch_size=1, seq_len=256) | quiet)
@@ -264,7 +268,7 @@ import jax
 from hat_jax import sharding
 from launch import _pipeline
 from test_launch_pipeline import tiny_pipeline
-c = tiny_pipeline()
+c = tiny_pipeline("micro")
 c.eval.sets_dir = sys.argv[1] + "/sets"
 mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
 _pipeline.run_pipeline(c, workdir=sys.argv[1] + "/run", mesh=mesh, log=print)
@@ -273,7 +277,9 @@ _pipeline.run_pipeline(c, workdir=sys.argv[1] + "/run", mesh=mesh, log=print)
 
 @pytest.mark.slow
 def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tmp_path):
-    c = tiny_pipeline()
+    """In the micro live room, so the room reaches every stage (the stages' own tests and the
+    reproduction's run Harness v0)."""
+    c = tiny_pipeline("micro")
     c.eval.sets_dir = str(tmp_path / "sets")
     mesh = sharding.make_mesh(sharding.MeshConfig(), **ONE_DEVICE)
     run = dict(workdir=str(tmp_path / "run"), mesh=mesh, log=lambda s: None)
@@ -328,3 +334,7 @@ def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tm
     assert "### t1" in report and "](eval/plots/t1.png)" in report  # the eval's tables, linked
     assert "Against the baseline" in report  # the general set, item by item against the base
     assert "general corpus: train 24, dev 4 records (answers checked" in report
+    # Its first section: the final policy on T1 with an interval, and SFT's curve.
+    outcome = report.split("## What the final policy does", 1)[1].split("| stage |", 1)[0]
+    assert re.search(r"\*\*T1\*\* \(1 items, live room \w+\): AVG \*\*[\d.]+\*\* \(95% interval",
+                     outcome)  # fmt: skip

@@ -48,6 +48,9 @@ def test_each_arm_starts_from_its_parent_and_shares_the_sets(tmp_path):
         if stage == "sft":
             assert wired["sft"].data.corpus == str(tmp_path / arm / "corpus")
             assert (wired["sft"].data.online_hsa_probability == 0) == fixed
+    c.pipeline.room = "micro"  # the Harness-edit test's cases and edits are Harness v0's
+    with pytest.raises(ValueError, match="edit_test runs on Harness v0's cases"):
+        reproduce_launch.build(c, run_dir=str(tmp_path))
         if stage == "rl":  # Agentic RL: the original Harness in every episode
             agentic = arm.endswith("agentic_rl")
             assert (wired["rl"].sim.original_fraction == 1.0) == agentic
