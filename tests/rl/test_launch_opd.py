@@ -110,6 +110,22 @@ def test_ifeval_and_held_out_prompts_never_enter_training(tmp_path):
     c.data.ifeval = str(ifeval)
     with pytest.raises(ValueError, match="1 training prompt\\(s\\) are also IFEval prompts"):
         opd.run(c, run_dir=str(tmp_path / "run"))
+    # The official IFEval prompts are refused without a local file: one of them among the
+    # training prompts (a Tulu3-format record of its text) names the clash.
+    from hat_jax import eval as hev
+
+    official = hev.ifeval_prompts()[7]
+    mixed = tmp_path / "mixed.jsonl"
+    records = [i.to_record() for i in instructions[:10]] + [
+        {"id": "tulu-x", "messages": [{"role": "user", "content": official.prompt}]}
+    ] + [instructions[10].to_record()]  # fmt: skip
+    mixed.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    c = _config()
+    c.data.instructions = str(mixed)
+    c.data.heldout_instructions = 1
+    with pytest.raises(ValueError, match=r"1 training prompt\(s\) are also official IFEval"
+                                         r" prompts \(e.g. \['tulu-x'\]\)"):  # fmt: skip
+        opd.run(c, run_dir=str(tmp_path / "run"))
     # The same instruction twice: once in training, once held out.
     twice = tmp_path / "twice.jsonl"
     records = [i.to_record() for i in instructions[:10]] + [instructions[2].to_record()]
