@@ -8,10 +8,11 @@ sets) from.
 - `v0`: Harness v0 (`data/livestream/harness/`) and its phrasings, which hold out whole
   sentences: the production room.
 - `micro`: the compact Harness derived from v0 (`data/livestream/harness_micro/`: five Skills,
-  eleven tools, a short prompt; a whole conversation in about 1,024 tokens of the demo
-  tokenizer) and composed phrasings whose held-out sentences are new combinations of
-  training words (`data/livestream/scenarios/phrasings_micro.yaml`): the miniature a tiny
-  model trained from random weights on one CPU can learn.
+  eleven tools, a short prompt; a conversation in 1.4K-2.3K tokens of the demo tokenizer,
+  median 1.7K) and composed phrasings whose held-out sentences are new combinations of
+  training words (`data/livestream/scenarios/phrasings_micro.yaml`): built for a tiny model
+  trained from random weights on one CPU, which can generalise in that language (README's
+  Status has what it learns, and what the Harness prompt in front of the comment costs it).
 """
 
 from __future__ import annotations
