@@ -1,12 +1,15 @@
 """Guardrail mechanisms of the runtime for untrusted text: normalisation, structural control
 syntax, per-language lexicons and the taint of tool output.
 
-Untrusted text is every viewer comment and every string inside a tool result. Two forms of it
-exist: `normalize_text` is what the policy is shown (NFKC, control characters and chat-format
-markup removed), and `fold` is what guardrails match against (NFKC, format and bidi controls
-removed, case folded, look-alike letters and typographic quotes folded, CJK characters
-re-joined across inserted spaces), so zero-width splits, full-width forms, mixed scripts and
-capitals do not hide a pattern. Structural signals (chat special tokens, tool-call blocks,
+Untrusted text is every viewer comment, handle and display name, and every string inside a tool
+result. Two forms of it exist: `normalize_text` is what the policy is shown (NFKC, control
+characters and chat-format markup removed), and `fold` is what guardrails match against (NFKC,
+format and bidi controls removed, Traditional Chinese converted to Simplified with OpenCC's
+`t2s` tables, case folded, look-alike letters and typographic quotes folded, CJK characters
+re-joined across inserted spaces), so zero-width splits, full-width forms, mixed scripts,
+Traditional characters and capitals do not hide a pattern. Lexicons are therefore written in
+Simplified Chinese and English only; `lexicon_problems` refuses an expression that the
+Traditional-to-Simplified conversion would change (it could never match folded text). Structural signals (chat special tokens, tool-call blocks,
 JSON function calls, forged role turns) are language-independent and are looked for on the
 folded raw text, before normalisation removes them. Lexicons are mappings language -> regular
 expressions declared in the Harness's hooks.yaml, so operators extend them without code; this
@@ -22,6 +25,8 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+import opencc
+
 _CONTROL = {"Cf": "", "Cc": " ", "Cs": "", "Co": "", "Cn": ""}
 # Chat-format control strings a viewer could type to forge turns: special tokens such as
 # `<|im_end|>` (the tokenizer would encode them as the real control token) and the format's tags.
@@ -34,6 +39,7 @@ _LOOKALIKE = str.maketrans(
 )
 _CJK = "\u3400-\u9fff\uf900-\ufaff"
 _CJK_GAP = re.compile(rf"(?<=[{_CJK}])\s+(?=[{_CJK}])")
+_HAS_CJK = re.compile(rf"[{_CJK}]")
 _NON_FINITE = frozenset({"nan", "-nan", "inf", "-inf", "+inf", "infinity", "-infinity"})
 
 
@@ -63,12 +69,23 @@ def strip_markup(text: str) -> str:
     return _FORMAT_MARKUP.sub(" ", text) if "<" in text or "\uff1c" in text else text
 
 
+@functools.cache
+def _t2s() -> opencc.OpenCC:
+    return opencc.OpenCC("t2s.json")
+
+
+def to_simplified(text: str) -> str:
+    """`text` with Traditional Chinese characters and phrases converted to Simplified (OpenCC's
+    maintained `t2s` tables); text without CJK characters is returned as it is."""
+    return _t2s().convert(text) if _HAS_CJK.search(text) else text
+
+
 @functools.lru_cache(maxsize=4096)
 def fold(text: str, max_chars: int = 8192) -> str:
     """The matching form of untrusted text (see module docstring); bounded by `max_chars`."""
     text = text[: 4 * max_chars + 64]
     if not (text.isascii() and text.isprintable()):
-        text = _strip_controls(text)
+        text = to_simplified(_strip_controls(text))
     text = " ".join(text.casefold().translate(_LOOKALIKE).split())
     return _CJK_GAP.sub("", text)[:max_chars]
 
@@ -83,6 +100,12 @@ def regex_list_problems(patterns: Any, field: str) -> list[str]:
             re.compile(p)
         except (re.error, TypeError) as err:
             out.append(f"{field}[{i}] is not a valid regular expression: {err}")
+            continue
+        if (simplified := to_simplified(p)) != p:
+            out.append(
+                f"{field}[{i}] has Traditional Chinese characters, which folded text never holds:"
+                f" write {simplified!r}"
+            )
     return out
 
 
