@@ -19,8 +19,11 @@ that revision of its prompt and Skills applied (the weights fixed), as Harness e
 `config.room` ("v0" or "micro", `hat_jax.livestream.ROOMS`) is the live room: its released
 Harness and its scenarios; summary.json and report.md record it. Sets are built once under
 `config.sets_dir` and reused (`hat_jax.eval.ensure_sets`; a folder of one room's sets is
-refused for another: one `sets_dir` per room); a rerun with the same `run_dir` resumes. Writes
-`<run_dir>/items/<set>.jsonl`, `summary.json`, `report.md` and `plots/`.
+refused for another: one `sets_dir` per room); a rerun with the same `run_dir` resumes, only
+under the same checkpoint. Writes `<run_dir>/items/<set>.jsonl`, `summary.json`, `report.md` and
+`plots/`. The summary's `run.policy` records the `checkpoint_digest` (`serve.digest`) of what
+ran: a jax policy's checkpoint, or the checkpoint an openai endpoint reports serving; the
+release gates (`launch.release`) compare it with the candidate's.
 
   python -m launch.eval --config=configs/eval_demo.py:teacher --config.room=micro \
       --config.sets_dir=runs/eval/sets-micro --config.run_dir=runs/eval/teacher-micro
@@ -124,9 +127,9 @@ def policy_for(p) -> hev.EvalPolicy:
             api_key=os.environ.get(p.api_key_env),
             server_extensions=p.server_extensions,
         )
-        return hev.EndpointPolicy(
-            policy, describe={"kind": "openai", "endpoint": p.base_url, "model": p.model}
-        )
+        describe = {"kind": "openai", "endpoint": p.base_url, "model": p.model,
+                    **endpoint_digests(p.base_url, p.model, os.environ.get(p.api_key_env))}  # fmt: skip
+        return hev.EndpointPolicy(policy, describe=describe)
     from serve import load_jax_policy
 
     if not p.checkpoint:
@@ -136,6 +139,39 @@ def policy_for(p) -> hev.EvalPolicy:
         max_length=p.max_length,
     )  # fmt: skip
     return hev.BatchedPolicy(policy, describe=describe)
+
+
+def endpoint_digests(base_url: str, model: str, api_key: str | None) -> dict[str, Any]:
+    """The checkpoint an endpoint reports serving (`serve.replay.served_digests`: our server's
+    digests, SGLang's model_path hashed here); empty when it reports none or does not answer
+    (the evaluation then says so itself)."""
+    import httpx
+
+    from serve import replay
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(base_url=base_url.rstrip("/"), timeout=10, headers=headers) as client:
+            served = replay.served_digests(client, model, replay.server_info(client, base_url))
+    except (httpx.HTTPError, OSError, ValueError):
+        return {}
+    return served if served["checkpoint_digest"] else {}
+
+
+def check_resume(run_dir: pathlib.Path, describe: dict[str, Any]) -> None:
+    """A run directory resumes only under the checkpoint that wrote it: the results it keeps
+    and those added must be of one checkpoint (`checkpoint_digest`, `serve.digest`)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return
+    before = hev.read_summary(run_dir).get("run", {}).get("policy", {})
+    old, new = before.get("checkpoint_digest"), describe.get("checkpoint_digest")
+    if old != new:
+        raise ValueError(
+            f"{run_dir} holds results of checkpoint {old or 'with no digest recorded'} "
+            f"({before.get('checkpoint') or before.get('kind')}), not of {new or 'no digest'} "
+            f"({describe.get('checkpoint') or describe.get('kind')}): use a new run directory"
+        )
 
 
 def judge_for(j):
@@ -179,7 +215,9 @@ def run(c, *, run_dir: str | None = None) -> dict[str, Any]:
     if b.harness_edit is not None:  # the same items, under the edited Harness
         ctx = dataclasses.replace(ctx, harness=hx.apply_edit(ctx.harness, b.harness_edit))
         record["harness_edit"] = b.harness_edit.describe()
-    summary = hev.evaluate(sets, policy_for(c.policy), kinds=hev.KINDS, ctx=ctx,
+    policy = policy_for(c.policy)
+    check_resume(b.run_dir, policy.description)
+    summary = hev.evaluate(sets, policy, kinds=hev.KINDS, ctx=ctx,
                            run_dir=b.run_dir, config=b.config, record=record)  # fmt: skip
     hev.write_report(b.run_dir, baseline_dir=b.baseline)
     if c.calibration.labels:

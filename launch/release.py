@@ -1,5 +1,9 @@
 """Release gates: a candidate checkpoint with its evaluation and deployment replay is released
-only if it passes the latency, business and general-capability gates (see `serve.release`).
+only if both runs were made with it (the checkpoint digests they recorded equal its own, see
+`serve.digest`) and it passes the latency, business and general-capability gates (see
+`serve.release`). The business floors refuse a policy whose every reply is the Hooks' fallback
+(AVG 0.5, Effectiveness 0): `--min_business` 0.5 on each T1/T2 set's AVG and
+`--min_effectiveness` 0.1 on its Effectiveness.
 
   python -m launch.release --checkpoint runs/demo/export/hf --eval_run runs/eval/demo \
       --replay_run runs/replay/demo [--registry runs/releases] [--serving serving.json]
@@ -24,9 +28,10 @@ def main(argv):
     candidate = Candidate(checkpoint=f.checkpoint, eval_run=f.eval_run,
                           replay_run=f.replay_run, serving=serving, note=f.note)  # fmt: skip
     gates = GateConfig(min_attainment=f.min_attainment, min_business=f.min_business,
+                       min_effectiveness=f.min_effectiveness,
                        min_general=f.min_general)  # fmt: skip
     record = release(candidate, registry=f.registry, gates=gates)
-    for name in ("latency", "business", "general"):
+    for name in ("checkpoint", "latency", "business", "general"):
         gate = record["gates"][name]
         print(f"{name}: {'pass' if gate['passed'] else 'FAIL'} {gate['why']}".rstrip())
     if record["status"] != "released":
@@ -34,7 +39,8 @@ def main(argv):
         print(f"refused {record['id']}; current release stays "
               f"{current['id'] if current else 'none'}")  # fmt: skip
         sys.exit(1)
-    print(f"released {record['id']} (checkpoint {candidate.checkpoint})")
+    print(f"released {record['id']} (checkpoint {candidate.checkpoint}, "
+          f"{record['binds']['checkpoint_digest']})")  # fmt: skip
 
 
 def _define_flags() -> None:
@@ -49,7 +55,15 @@ def _define_flags() -> None:
     flags.DEFINE_string("serving", None, "A JSON file of the serving config (optional).")
     flags.DEFINE_string("note", "", "Free text for the record.")
     flags.DEFINE_float("min_attainment", 0.95, "Latency gate: attainment at top concurrency.")
-    flags.DEFINE_float("min_business", 0.0, "Business gate: floor of each set's mean.")
+    flags.DEFINE_float(
+        "min_business", 0.5,
+        "Business gate: floor of each T1/T2 set's mean AVG (0.5: the Hooks' fallback's).",
+    )  # fmt: skip
+    flags.DEFINE_float(
+        "min_effectiveness", 0.1,
+        "Business gate: floor of each T1/T2 set's mean Effectiveness (the fallback scores 0; "
+        "0 turns the check off).",
+    )  # fmt: skip
     flags.DEFINE_float("min_general", 0.0, "General gate: floor of each set's mean.")
 
 

@@ -11,9 +11,14 @@ version). The episodes run the released Harness of the cases' live room (their m
 "v0" for a set that names none); `--room` must agree with it, and picks the room of the
 default cases. Writes `requests.jsonl`, `summary.json`, `manifest.json` (the room included) and
 `latency.png` under `--out` (see `serve.replay`) and prints one line per concurrency level.
+The manifest records the checkpoint digest the server reports serving (`serve.digest`; our
+server and SGLang's `model_path` report one), which the release gates compare with the
+candidate's; `--checkpoint`, when given, must have that digest or the replay does not start.
 """
 
+import json
 import os
+import pathlib
 
 from absl import app, flags
 
@@ -40,7 +45,10 @@ _EXTENSIONS = flags.DEFINE_bool(
     "server_extensions", True, "Send chat_template_kwargs / separate_reasoning (SGLang, ours)."
 )
 _KEY_ENV = flags.DEFINE_string("api_key_env", "OPENAI_API_KEY", "Variable holding the API key.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Recorded in the manifest.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None,
+    "The checkpoint the server should serve: its digest must be the one the server reports.",
+)  # fmt: skip
 _ROOM = flags.DEFINE_enum(
     "room", None, list(livestream.ROOMS),
     "The live room (default: the cases' own; v0 for the default cases); must match the cases.",
@@ -93,6 +101,8 @@ def main(argv):
     )  # fmt: skip
     print(f"cases {cases.version} ({len(cases)} items) in the {ctx.room} room "
           f"(Harness {ctx.harness.version}); results in {_OUT.value}")  # fmt: skip
+    manifest = json.loads((pathlib.Path(_OUT.value) / rp.MANIFEST_FILE).read_text())
+    print(f"served checkpoint: {manifest.get('checkpoint_digest') or 'not reported by the server'}")
     for level, s in summary["levels"].items():
         p50 = s["latency_p50_s"]
         print(

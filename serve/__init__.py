@@ -24,6 +24,10 @@ The trajectory viewer and blind pairwise test (`serve.viewer`): `load_viewer`,
 `create_viewer_app`, `read_run`, `read_report`, `BlindSession`, `binomial_two_sided`; CLI
 `python -m launch.viewer`.
 
+Checkpoint digests (`serve.digest`): `checkpoint_digest`, `verify_digest`, `write_digest`
+(the export's `hat_digest.json`), `tokenizer_digest`; what an eval run, the server and a replay
+record of the checkpoint they ran.
+
 Release gates (`serve.release`): `release(Candidate(...), registry=, gates=GateConfig())`,
 `current_release`; CLI `python -m launch.release`.
 

@@ -5,7 +5,10 @@ Used by the local server (`serve.server`) and the launch scripts that run polici
 checkpoint is an Orbax checkpoint (a run's `checkpoints/`, a step, or a `save_params`
 directory) or an HF directory (e.g. an export of `serve.convert to-hf`). The tokenizer is the
 HF directory's own, else `tokenizer_dir`, else the bundled demo tokenizer; a vocabulary that
-does not fit the model is an error that names both sizes.
+does not fit the model is an error that names both sizes. The description a policy comes with
+records `checkpoint_digest` (`serve.digest`: the weights, config and, for an HF directory, its
+tokenizer files) and `tokenizer_digest` (the tokenizer files actually loaded), which evaluation
+runs and the server report and the release gates compare.
 """
 
 from __future__ import annotations
@@ -14,17 +17,24 @@ import pathlib
 from typing import Any
 
 
-def tokenizer_for(checkpoint: str, tokenizer_dir: str | None = None):
-    """The tokenizer of a checkpoint (see the module docstring)."""
-    from data.tokenizer import load_tokenizer
+def tokenizer_source(checkpoint: str, tokenizer_dir: str | None = None) -> pathlib.Path:
+    """The directory a checkpoint's tokenizer is loaded from (see the module docstring)."""
+    from data.tokenizer import DEFAULT_DIR
     from serve import convert
 
     if tokenizer_dir:
-        return load_tokenizer(tokenizer_dir)
+        return pathlib.Path(tokenizer_dir)
     path = pathlib.Path(checkpoint)
     if convert.is_hf_dir(path) and (path / "tokenizer_config.json").is_file():
-        return load_tokenizer(path)
-    return load_tokenizer(None)
+        return path
+    return DEFAULT_DIR
+
+
+def tokenizer_for(checkpoint: str, tokenizer_dir: str | None = None):
+    """The tokenizer of a checkpoint (see the module docstring)."""
+    from data.tokenizer import load_tokenizer
+
+    return load_tokenizer(tokenizer_source(checkpoint, tokenizer_dir))
 
 
 def load_jax_policy(
@@ -57,7 +67,7 @@ def load_jax_policy(
     """
     import models
     import rl
-    from serve import convert
+    from serve import convert, digest
 
     # Block-wise attention: several 4-8K-token agent prompts prefilled together stay in O(T)
     # memory (dense scores of 16 such rows need ~17 GB), and it is faster on CPU too.
@@ -88,6 +98,8 @@ def load_jax_policy(
         "layers": config.num_layers,
         "hidden_size": config.hidden_size,
         "num_draft_tokens": num_draft_tokens,
+        "checkpoint_digest": digest.checkpoint_digest(checkpoint),
+        "tokenizer_digest": digest.tokenizer_digest(tokenizer_source(checkpoint, tokenizer_dir)),
     }
 
 

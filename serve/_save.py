@@ -2,7 +2,9 @@
 parameter checkpoint -> the same.
 
 The export holds sharded safetensors with `model.safetensors.index.json`, `config.json` and
-`generation_config.json` (`serve._hf_files`), and the tokenizer files of a given directory.
+`generation_config.json` (`serve._hf_files`), the tokenizer files of a given directory
+(`serve.digest.TOKENIZER_FILES`) and, written last, the digest manifest `hat_digest.json`
+(`serve.digest`: the sha256 of every file, which evaluation, serving and release compare).
 Every file goes through `hat_jax.files` (a temporary name beside it, fsync, `os.replace`), so a
 crash mid-export never leaves a truncated file under its final name; the index is written after
 every shard it lists. The layout defaults to what SGLang serves: Qwen3.5 as the vision-language
@@ -38,18 +40,7 @@ from serve._load import (
     path_str,
     restore_mtp,
 )
-
-# Copied from `tokenizer_dir` when present (its generation_config.json is merged, see `_hf_files`).
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
+from serve.digest import DIGEST_FILE, TOKENIZER_FILES, write_digest
 
 
 def _host_slice(array: jax.Array, block: int) -> np.ndarray:
@@ -190,7 +181,7 @@ def save_hf(
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"save_hf: {out} is not empty (pass overwrite=True)")
     out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("*.safetensors")) + [out / INDEX_FILE]:
+    for old in list(out.glob("*.safetensors")) + [out / INDEX_FILE, out / DIGEST_FILE]:
         old.unlink(missing_ok=True)
 
     np_dtype = np.dtype(jnp.dtype(dtype_str))
@@ -224,6 +215,7 @@ def save_hf(
         files.write_json(out / name, obj)
     if tokenizer_dir is not None:
         _copy_tokenizer(pathlib.Path(tokenizer_dir), out)
+    write_digest(out)  # last: a crash before it leaves no manifest, never a stale one
     return out
 
 

@@ -1,4 +1,5 @@
-"""Release gates (paper §6): a candidate is released only when it passes all three.
+"""Release gates (paper §6): a candidate is released only when its evidence is of its own
+checkpoint and it passes all three gates.
 
     decision = release(candidate, registry="runs/releases", gates=GateConfig())
 
@@ -6,17 +7,26 @@ A candidate binds a checkpoint, a Harness version and a serving config (the repl
 manifest says where and how it was served), with the evidence: an evaluation run of the
 checkpoint (`launch.eval`) and a deployment replay of its serving (`launch.replay`).
 
+- **checkpoint** (the evidence's): the candidate's digest (`serve.digest.verify_digest`: its
+  files hashed now; an export whose stored manifest no longer matches its files is refused)
+  must equal the `checkpoint_digest` the evaluation run recorded (`run.policy`, written by
+  `launch.eval`) and the one the replay recorded from its server (`manifest.json`); a run that
+  records none (made before digests, or not with a checkpoint: the teacher, an endpoint that
+  reports no checkpoint) is refused, and so is an evaluation and a replay whose recorded
+  tokenizers differ. Both digests are named in the refusal.
 - **latency**: the replay's SLO attainment (requests answered within `slo_s`, failures
   counted as misses) at its highest concurrency must reach `min_attainment`.
 - **business**: on each business set (T1, T2) the candidate must not regress against the last
   passing release: the paired bootstrap of the per-item scores (`hat_jax.eval.compare_runs`,
   items paired by id, same set versions) must not put the whole interval of the difference
-  below zero; and its mean must reach `min_business`.
+  below zero; its mean `metric` must reach `min_business` and its mean Effectiveness
+  `min_effectiveness` (defaults that a policy whose every reply is the Hooks' fallback,
+  Accuracy 1 / Effectiveness 0 / AVG 0.5, does not pass).
 - **general capability**: the same on the general sets (the general instruction set, IFEval)
   that both runs evaluated.
 
 The first candidate has no release to compare with: its business and general gates check
-the minimums only (and say so). A refused candidate is recorded with its failing figures and
+the floors only (and say so). A refused candidate is recorded with its failing figures and
 the last passing release stays current. The registry holds `history.json` (every decision, in
 order), `current.json` (the release in service) and `releases/<id>.json`, each written
 atomically.
@@ -36,6 +46,7 @@ from typing import Any
 from hat_jax import files
 from hat_jax.eval import compare_runs
 from hat_jax.eval._stats import load_summary
+from serve import digest
 
 HISTORY, CURRENT, RELEASES = "history.json", "current.json", "releases"
 
@@ -48,7 +59,14 @@ class GateConfig:
       min_attainment: the replay's attainment at its highest concurrency must reach this.
       business_sets, general_sets: set kinds of each gate (a run's "t1-dev" counts as "t1").
       metric: the per-item score compared ("avg", each set's headline figure).
-      min_business, min_general: floors of the candidate's mean on every set of the gate.
+      min_business: floor of the candidate's mean `metric` on every business set. The
+        default 0.5 is the Hooks' fallback reply's T1/T2 AVG (Accuracy 1, Effectiveness 0):
+        a policy below it does worse than always falling back.
+      min_effectiveness: floor of the candidate's mean Effectiveness (the eval summary's
+        `effectiveness`: the reply did what the viewer asked) on every business set; 0 turns
+        the check off. The fallback scores 0, so a fallback-only policy, which meets the AVG
+        floor exactly, is refused by this one.
+      min_general: floor of the candidate's mean `metric` on every general set.
       confidence: the bootstrap interval's level; a regression is an interval wholly below 0.
       resamples, seed: the bootstrap's draws.
     """
@@ -57,7 +75,8 @@ class GateConfig:
     business_sets: tuple[str, ...] = ("t1", "t2")
     general_sets: tuple[str, ...] = ("general", "ifeval")
     metric: str = "avg"
-    min_business: float = 0.0
+    min_business: float = 0.5
+    min_effectiveness: float = 0.1
     min_general: float = 0.0
     confidence: float = 0.95
     resamples: int = 10_000
@@ -122,10 +141,11 @@ def _kind(set_name: str) -> str:
 
 
 def _quality_gate(
-    kinds: Sequence[str], floor: float, candidate: Candidate, last: dict[str, Any] | None,
-    gates: GateConfig,
+    kinds: Sequence[str], floors: Sequence[tuple[str, float]], candidate: Candidate,
+    last: dict[str, Any] | None, gates: GateConfig,
 ) -> dict[str, Any]:  # fmt: skip
-    """The business or general gate over the sets of `kinds` the candidate evaluated."""
+    """The business or general gate over the sets of `kinds` the candidate evaluated;
+    `floors`: (metric, floor) pairs its means must reach (the first is `gates.metric`)."""
     summary = load_summary(candidate.eval_run)
     sets = [s for s in summary["sets"] if _kind(s) in kinds]
     if not sets:
@@ -133,10 +153,13 @@ def _quality_gate(
     figures: dict[str, Any] = {}
     failures = []
     for name in sets:
-        mean = summary["sets"][name]["metrics"].get(gates.metric)
-        figures[name] = {"mean": mean}
-        if mean is None or mean < floor:
-            failures.append(f"{name}: {gates.metric} {mean} below the floor {floor}")
+        metrics = summary["sets"][name]["metrics"]
+        figures[name] = {"mean": metrics.get(gates.metric)}
+        for metric, floor in floors:
+            mean = metrics.get(metric)
+            figures[name].setdefault("floors", {})[metric] = {"mean": mean, "floor": floor}
+            if mean is None or mean < floor:
+                failures.append(f"{name}: {metric} {mean} below the floor {floor}")
     if last is None:
         why = "; ".join(failures)
         return {"passed": not failures, "sets": figures, "why": why,
@@ -160,6 +183,51 @@ def _quality_gate(
             "baseline": last["id"]}  # fmt: skip
 
 
+def _checkpoint_gate(
+    candidate: Candidate, summary: dict[str, Any], replay_manifest: dict[str, Any]
+) -> dict[str, Any]:
+    """Whether the evaluation and the replay were made with the candidate's checkpoint."""
+    policy = summary["run"].get("policy") or {}
+    evaluated = policy.get("checkpoint_digest")
+    replayed = replay_manifest.get("checkpoint_digest")
+    figures = {"eval": evaluated, "replay": replayed,
+               "replay_source": replay_manifest.get("digest_source")}  # fmt: skip
+    try:
+        figures["candidate"] = digest.verify_digest(candidate.checkpoint)
+    except digest.DigestMismatchError as err:
+        return {"passed": False, **figures, "candidate": None, "why": str(err)}
+    failures = []
+    if not evaluated:
+        failures.append(
+            f"the evaluation run {candidate.eval_run} records no checkpoint digest: it predates "
+            f"checkpoint digests or was not made with a checkpoint (policy "
+            f"{policy.get('kind')}); evaluate {candidate.checkpoint} with launch.eval"
+        )
+    elif evaluated != figures["candidate"]:
+        failures.append(
+            f"the evaluation run {candidate.eval_run} ran checkpoint {evaluated}, not the "
+            f"candidate {candidate.checkpoint} ({figures['candidate']})"
+        )
+    if not replayed:
+        failures.append(
+            f"the replay run {candidate.replay_run} records no checkpoint digest: it predates "
+            "checkpoint digests or its server reported none; replay a server of "
+            f"{candidate.checkpoint} with launch.replay"
+        )
+    elif replayed != figures["candidate"]:
+        failures.append(
+            f"the replay run {candidate.replay_run} replayed checkpoint {replayed} (from the "
+            f"server's {figures['replay_source']}), not the candidate {candidate.checkpoint} "
+            f"({figures['candidate']})"
+        )
+    tokenizers = (policy.get("tokenizer_digest"), replay_manifest.get("tokenizer_digest"))
+    if all(tokenizers) and tokenizers[0] != tokenizers[1]:
+        failures.append(
+            f"the evaluation ran tokenizer {tokenizers[0]} but the replay's server {tokenizers[1]}"
+        )
+    return {"passed": not failures, **figures, "why": "; ".join(failures)}
+
+
 def current_release(registry: os.PathLike | str) -> dict[str, Any] | None:
     """The release in service (None before the first)."""
     path = pathlib.Path(registry) / CURRENT
@@ -172,7 +240,8 @@ def release(
     registry: os.PathLike | str,
     gates: GateConfig = GateConfig(),  # noqa: B008
 ) -> dict[str, Any]:
-    """Runs the three gates; a passing candidate becomes the current release.
+    """Runs the gates (checkpoint, latency, business, general); a passing candidate becomes the
+    current release.
 
     Returns:
       The decision record: `id`, `status` ("released" | "refused"), `gates` (figures and
@@ -194,10 +263,16 @@ def release(
             f"the evaluation ran Harness {harness} but the replay {replay_manifest['harness_version']}"
             ": the evidence must be of one Harness version"
         )
+    business_floors = [(gates.metric, gates.min_business)]
+    if gates.min_effectiveness > 0:
+        business_floors.append(("effectiveness", gates.min_effectiveness))
     results = {
+        "checkpoint": _checkpoint_gate(candidate, summary, replay_manifest),
         "latency": _latency_gate(candidate.replay_run, gates),
-        "business": _quality_gate(gates.business_sets, gates.min_business, candidate, last, gates),
-        "general": _quality_gate(gates.general_sets, gates.min_general, candidate, last, gates),
+        "business": _quality_gate(gates.business_sets, business_floors, candidate, last, gates),
+        "general": _quality_gate(
+            gates.general_sets, [(gates.metric, gates.min_general)], candidate, last, gates
+        ),  # fmt: skip
     }
     passed = all(g["passed"] for g in results.values())
     record = {
@@ -206,6 +281,7 @@ def release(
         "decided_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "binds": {
             "checkpoint": str(candidate.checkpoint),
+            "checkpoint_digest": results["checkpoint"].get("candidate"),
             "harness_version": harness,
             "serving": {
                 **candidate.serving,

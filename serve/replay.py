@@ -22,7 +22,12 @@ successful requests within `slo_s` over all measured requests (failures count as
 `manifest.json` binds the run: id, endpoint and route, model, the case set's name, version and
 hash, the live room and its Harness version (the cases' room: a set of one room never
 replays under another's Harness), levels, generation settings, timeouts, the server's info when
-it reports it, and times; `latency.png` plots the latency distribution per level.
+it reports it, and times; `latency.png` plots the latency distribution per level. It records
+the checkpoint the server reports serving (`served_digests`: `checkpoint_digest` and
+`tokenizer_digest` of `serve.digest`, from our server's `/get_server_info` or `/v1/models`, or
+SGLang's `model_path` hashed here; None when the server reports none, which the release gates
+refuse), not what it was told: a `checkpoint` given as well must have that digest, or the
+replay does not start.
 
 An endpoint that does not answer the probe is an error naming it; one that stops answering
 mid-run (every request of `abort_after` in a row failing to connect) ends the run with the
@@ -281,7 +286,9 @@ def summarize_level(records: Sequence[Mapping[str, Any]], slo_s: float) -> dict[
     }  # fmt: skip
 
 
-def _server_info(client: httpx.Client, base_url: str) -> dict[str, Any] | None:
+def server_info(client: httpx.Client, base_url: str) -> dict[str, Any] | None:
+    """The server's `/server_info` (SGLang) or `/get_server_info` (ours, older SGLang); None
+    when it reports none."""
     root = base_url.rstrip("/").removesuffix("/v1")
     for route in ("/server_info", "/get_server_info"):
         try:
@@ -295,6 +302,63 @@ def _server_info(client: httpx.Client, base_url: str) -> dict[str, Any] | None:
                 return None  # not a server that reports its info
             return info if isinstance(info, dict) else None
     return None
+
+
+def served_digests(
+    client: httpx.Client, model: str, info: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What the server says it serves: `checkpoint_digest`, `tokenizer_digest` and where they
+    were read (`digest_source`; None each when the server reports neither).
+
+    Ours reports the digests in `/get_server_info` and in its `/v1/models` entry; SGLang reports
+    its `model_path` (and `tokenizer_path`), which are hashed here when they are directories on
+    this machine.
+    """
+    from serve import digest
+
+    info = dict(info or {})
+    if info.get("checkpoint_digest"):
+        return {"checkpoint_digest": info["checkpoint_digest"],
+                "tokenizer_digest": info.get("tokenizer_digest"),
+                "digest_source": "server info"}  # fmt: skip
+    try:
+        reply = client.get("/models")
+        entries = reply.json().get("data", []) if reply.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        entries = []
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model and entry.get("checkpoint_digest"):
+            return {"checkpoint_digest": entry["checkpoint_digest"],
+                    "tokenizer_digest": entry.get("tokenizer_digest"),
+                    "digest_source": "/v1/models"}  # fmt: skip
+    path = info.get("model_path")
+    if isinstance(path, str) and pathlib.Path(path).is_dir():
+        tokenizer = info.get("tokenizer_path") or path
+        tokenizer_digest = None
+        if isinstance(tokenizer, str) and pathlib.Path(tokenizer).is_dir():
+            try:
+                tokenizer_digest = digest.tokenizer_digest(tokenizer)
+            except FileNotFoundError:
+                tokenizer_digest = None
+        return {"checkpoint_digest": digest.checkpoint_digest(path),
+                "tokenizer_digest": tokenizer_digest,
+                "digest_source": f"the server's model_path {path}, hashed here"}  # fmt: skip
+    return {"checkpoint_digest": None, "tokenizer_digest": None, "digest_source": None}
+
+
+def _check_told(checkpoint: str | None, served: Mapping[str, Any], endpoint: str) -> None:
+    """A `checkpoint` given on the command line must be the one the server reports serving."""
+    if not checkpoint or not served["checkpoint_digest"]:
+        return
+    from serve import digest
+
+    told = digest.checkpoint_digest(checkpoint)
+    if told != served["checkpoint_digest"]:
+        raise ValueError(
+            f"the endpoint {endpoint} serves checkpoint {served['checkpoint_digest']} "
+            f"({served['digest_source']}), but the checkpoint given, {checkpoint}, is {told}: "
+            "replay the server of that checkpoint"
+        )
 
 
 def replay(
@@ -312,7 +376,8 @@ def replay(
     """Runs the replay (see the module docstring); returns the summary.
 
     Raises:
-      ValueError: the cases are not agent items of one set kind.
+      ValueError: the cases are not agent items of one set kind, or `checkpoint` is not the
+        checkpoint the server reports serving (both digests named).
       SetVersionError: the cases were built for another live room than `ctx.room` (the
         Harness loop must be the room's own).
       ReplayError: the endpoint does not answer, or stopped answering (results so far kept).
@@ -336,18 +401,26 @@ def replay(
         raise ReplayError(
             f"the endpoint {endpoint} (model {model!r}) does not answer: {err}"
         ) from err
+    info = server_info(client, endpoint)
+    served = served_digests(client, model, info)
+    try:
+        _check_told(checkpoint, served, endpoint)
+    except (ValueError, FileNotFoundError):
+        client.close()
+        raise
     manifest = {
         "run_id": uuid.uuid4().hex[:12],
         "endpoint": endpoint,
         "route": "/chat/completions (stream)",
         "model": model,
         "checkpoint": checkpoint,
+        **served,
         "cases": {"set": cases.name, "version": cases.version,
                   "sha256": content_hash([i.digest() for i in items]), "count": len(items)},
         "room": ctx.room,
         "harness_version": ctx.harness.version,
         "config": config.to_dict(),
-        "server_info": _server_info(client, endpoint),
+        "server_info": info,
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(),
     }  # fmt: skip
     files.write_json(run_dir / MANIFEST_FILE, manifest)

@@ -10,6 +10,9 @@ Routes:
   `n`, `tool_choice` "auto" | "none".
 - `GET /v1/models`, `GET /health`, `GET /get_server_info` (the engine's counters and, with
   speculative decoding, `avg_spec_accept_length`, as SGLang reports it).
+- Both `/get_server_info` and the model entry of `/v1/models` report `checkpoint_digest` and
+  `tokenizer_digest` (`serve.digest`) of what is served, which the deployment replay records
+  and the release gates compare with the candidate checkpoint.
 
 Concurrent requests are decoded together by `BatchEngine` (requests that arrive while a batch
 decodes join the next one). A request of a new shape bucket compiles first (seconds on CPU);
@@ -45,6 +48,8 @@ from starlette.routing import Route
 from serve import _chat_api as api
 from serve._engine import BatchEngine, EngineClosedError
 
+DIGEST_KEYS = ("checkpoint_digest", "tokenizer_digest")  # what a server says it serves
+
 
 @dataclasses.dataclass
 class ServedModel:
@@ -56,7 +61,8 @@ class ServedModel:
         engine: the `BatchEngine` over the policy's sampler.
         default_max_tokens: a request's completion limit when it sets none (capped by the room
             its prompt leaves).
-        info: extra facts for `/get_server_info` (checkpoint, dtype, ...).
+        info: extra facts for `/get_server_info` (checkpoint, dtype, ...); its
+            `checkpoint_digest` and `tokenizer_digest` are also in `/v1/models`.
     """
 
     name: str
@@ -146,6 +152,7 @@ def create_app(served: ServedModel, *, api_key: str | None = None) -> Starlette:
                         "created": int(served.info.get("created", 0)),
                         "owned_by": "hat-jax",
                         "max_model_len": served.engine.max_length,
+                        **{k: served.info[k] for k in DIGEST_KEYS if k in served.info},
                     }
                 ],
             }

@@ -82,6 +82,17 @@ def test_a_jax_checkpoint_from_the_cli_and_in_process_scores_the_same(checkpoint
     assert a == b and set(a) == {"t1", "general"}
     assert summary["run"]["policy"]["kind"] == "jax"
     assert summary["run"]["policy"]["format"] == "orbax"
+    from serve import digest
+
+    orbax_digest = digest.checkpoint_digest(checkpoint / "orbax")
+    assert summary["run"]["policy"]["checkpoint_digest"] == orbax_digest
+    # Resuming that run directory with another checkpoint would mix their results: refused.
+    with pytest.raises(ValueError, match="holds results of checkpoint sha256:") as err:
+        eval_launch.run(_config(tmp_path, "sft", checkpoint=str(checkpoint / "hf"),
+                                dtype="float32"))  # fmt: skip
+    assert orbax_digest in str(err.value) and digest.checkpoint_digest(checkpoint / "hf") in str(
+        err.value
+    )
     report = (tmp_path / "cli" / "report.md").read_text()
     assert "## general" in report and (tmp_path / "cli" / "plots" / "t1.png").is_file()
     # The HF export of the same weights decodes the same replies (the short general prompts).
@@ -91,6 +102,8 @@ def test_a_jax_checkpoint_from_the_cli_and_in_process_scores_the_same(checkpoint
     out_a = [r["output"] for r in read_items(c.run_dir, "general")]
     out_b = [r["output"] for r in read_items(hf.run_dir, "general")]
     assert out_a == out_b and any(out_a)
+    hf_policy = json.loads((tmp_path / "hf" / "summary.json").read_text())["run"]["policy"]
+    assert hf_policy["checkpoint_digest"] == digest.read_manifest(checkpoint / "hf")["digest"]
 
 
 @pytest.mark.slow
@@ -174,3 +187,30 @@ def test_simulate_and_agent_take_a_jax_checkpoint(checkpoint, tmp_path, script):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "'kind': 'jax'" in proc.stdout and "'format': 'hf'" in proc.stdout
+
+
+def test_a_run_resumes_only_under_its_checkpoint_and_an_endpoint_reports_its_own(tmp_path):
+    """`check_resume` on a run's recorded digest; `endpoint_digests` of a server reporting one."""
+    from serve._engine import BatchEngine
+    from serve.server import ServedModel, create_app, serve_in_background
+    from tests.serve.test_server import ScriptedSampler
+
+    run = tmp_path / "run"
+    run.mkdir()
+    policy = {"kind": "jax", "checkpoint": "a", "checkpoint_digest": "sha256:a"}
+    (run / "summary.json").write_text(json.dumps({"run": {"policy": policy}, "sets": {}}))
+    eval_launch.check_resume(run, dict(policy))  # the same checkpoint resumes
+    eval_launch.check_resume(tmp_path / "new", {"kind": "teacher"})  # a new run directory
+    with pytest.raises(ValueError, match="sha256:a .*not of sha256:b"):
+        eval_launch.check_resume(run, {**policy, "checkpoint_digest": "sha256:b"})
+    with pytest.raises(ValueError, match="not of no digest"):
+        eval_launch.check_resume(run, {"kind": "teacher"})
+
+    tok = load_tokenizer()
+    info = {"checkpoint_digest": "sha256:served", "tokenizer_digest": "sha256:tok"}
+    served = ServedModel("p", tok, BatchEngine(ScriptedSampler(tok, "hi"), [0]), info=info)
+    with serve_in_background(create_app(served)) as url:
+        assert eval_launch.endpoint_digests(f"{url}/v1", "p", None)["checkpoint_digest"] == (
+            "sha256:served"
+        )
+    assert eval_launch.endpoint_digests("http://127.0.0.1:9/v1", "p", None) == {}

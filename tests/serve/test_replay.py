@@ -47,10 +47,12 @@ class FailsOn(ScriptedSampler):
         return super().__call__(prompts, **kw)
 
 
-def _serve(tokenizer, sampler):
+def _serve(tokenizer, sampler, info=None):
     stops = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     engine = BatchEngine(sampler, stops, window_s=0)
-    return serve_in_background(create_app(ServedModel("policy", tokenizer, engine)))
+    return serve_in_background(
+        create_app(ServedModel("policy", tokenizer, engine, info=info or {}))
+    )
 
 
 CONFIG = rp.ReplayConfig(concurrency=(1, 2), warmup=1, requests=4)
@@ -84,6 +86,7 @@ def test_replay_measures_every_level_and_reproduces(tokenizer, ctx, cases, tmp_p
     assert manifest["cases"]["version"] == cases.version and manifest["cases"]["count"] == 3
     assert manifest["harness_version"] == ctx.harness.version
     assert manifest["server_info"]["model"] == "policy" and manifest["finished_at"]
+    assert manifest["checkpoint_digest"] is None and manifest["digest_source"] is None
     assert (tmp_path / "a" / rp.PLOT_FILE).is_file()
     again = [json.loads(x) for x in (tmp_path / "b" / rp.REQUESTS_FILE).read_text().splitlines()]
     key = lambda r: (r["concurrency"], r["index"])  # noqa: E731
@@ -140,6 +143,69 @@ def test_a_malformed_case_manifest_is_named(cases, tmp_path):
     with pytest.raises(ValueError, match="case manifest .* cannot be read"):
         rp.load_cases(folder)
     assert len(rp.load_cases(hev.write_set(tmp_path / "ok", cases))) == 3
+
+
+def _export(path, weights):
+    from serve import digest
+
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(weights)
+    (path / "config.json").write_text("{}")
+    (path / "tokenizer.json").write_text("{}")
+    return str(path), digest.write_digest(path)
+
+
+def test_the_manifest_records_the_digest_the_server_reports(tokenizer, ctx, cases, tmp_path):
+    served_dir, served = _export(tmp_path / "served", b"a" * 32)
+    other_dir, other = _export(tmp_path / "other", b"b" * 32)
+    info = {"checkpoint_digest": served, "tokenizer_digest": "sha256:tok"}
+    small = rp.ReplayConfig(concurrency=(1,), warmup=0, requests=1)
+    with _serve(tokenizer, ScriptedSampler(tokenizer, REPLY, max_length=8192), info) as url:
+        rp.replay(cases, ctx, endpoint=f"{url}/v1", model="policy", run_dir=tmp_path / "a",
+                  config=small, checkpoint=served_dir)  # fmt: skip
+        # Told another checkpoint than the one served: refused before any request.
+        with pytest.raises(ValueError, match="serves checkpoint") as err:
+            rp.replay(cases, ctx, endpoint=f"{url}/v1", model="policy", run_dir=tmp_path / "b",
+                      config=small, checkpoint=other_dir)  # fmt: skip
+    assert served in str(err.value) and other in str(err.value)
+    assert not (tmp_path / "b" / rp.MANIFEST_FILE).exists()
+    manifest = json.loads((tmp_path / "a" / rp.MANIFEST_FILE).read_text())
+    assert manifest["checkpoint"] == served_dir and manifest["checkpoint_digest"] == served
+    assert manifest["tokenizer_digest"] == "sha256:tok"
+    assert manifest["digest_source"] == "server info"
+
+
+def test_digests_from_models_or_an_sglang_model_path(tmp_path):
+    served_dir, served = _export(tmp_path / "served", b"a" * 32)
+
+    def sglang(request):  # reports its model_path, no digest, no /v1/models digest
+        if request.url.path == "/get_server_info":
+            return httpx.Response(
+                200, json={"model_path": served_dir, "tokenizer_path": served_dir}
+            )
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        return httpx.Response(404)
+
+    def ours(request):  # the digest only in its /v1/models entry
+        if request.url.path == "/v1/models":
+            return httpx.Response(
+                200, json={"data": [{"id": "m", "checkpoint_digest": "sha256:1"}]}
+            )
+        return httpx.Response(404)
+
+    for transport, want, source in (
+        (sglang, served, "model_path"),
+        (ours, "sha256:1", "/v1/models"),
+    ):
+        client = httpx.Client(base_url="http://h/v1", transport=httpx.MockTransport(transport))
+        got = rp.served_digests(client, "m", rp.server_info(client, "http://h/v1"))
+        assert got["checkpoint_digest"] == want and source in got["digest_source"]
+    assert rp.served_digests(
+        httpx.Client(base_url="http://h/v1",
+                     transport=httpx.MockTransport(lambda r: httpx.Response(404))),
+        "m", None,
+    ) == {"checkpoint_digest": None, "tokenizer_digest": None, "digest_source": None}  # fmt: skip
 
 
 def test_config_is_checked():

@@ -223,6 +223,18 @@ def test_malformed_json_unknown_routes_and_health(scripted):
     assert httpx.get(f"{url}/health", timeout=30).json() == {"status": "ok"}
 
 
+def test_models_and_server_info_report_the_checkpoint_digest(tokenizer):
+    info = {"checkpoint_digest": "sha256:ab", "tokenizer_digest": "sha256:cd", "dtype": "x"}
+    served = ServedModel("scripted", tokenizer, BatchEngine(ScriptedSampler(tokenizer, SCRIPT),
+                                                            [0]), info=info)  # fmt: skip
+    with serve_in_background(create_app(served)) as url:
+        (entry,) = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+        reported = httpx.get(f"{url}/get_server_info", timeout=30).json()
+    assert entry["id"] == "scripted" and entry["checkpoint_digest"] == "sha256:ab"
+    assert entry["tokenizer_digest"] == "sha256:cd" and "dtype" not in entry
+    assert reported["checkpoint_digest"] == "sha256:ab" and reported["tokenizer_digest"]
+
+
 def test_api_key_is_required_when_set(tokenizer):
     sampler = ScriptedSampler(tokenizer, SCRIPT)
     served = ServedModel("scripted", tokenizer, BatchEngine(sampler, [0]))
@@ -363,6 +375,18 @@ def test_concurrent_requests_are_decoded_together_and_seeds_reproduce(tiny):
     assert [c["index"] for c in many["choices"]] == [0, 1, 2]
     info = httpx.get(f"{url}/get_server_info").json()
     assert info["rows"] >= 12 and info["mean_batch_rows"] > 1
+
+
+@pytest.mark.slow
+def test_the_server_reports_the_digest_of_the_export_it_serves(tiny):
+    from serve import digest
+
+    url, served, hf_dir = tiny
+    stored = digest.read_manifest(hf_dir)["digest"]
+    assert served.info["checkpoint_digest"] == stored == digest.verify_digest(hf_dir)
+    (entry,) = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+    assert entry["checkpoint_digest"] == stored
+    assert httpx.get(f"{url}/get_server_info", timeout=30).json()["checkpoint_digest"] == stored
 
 
 @pytest.mark.slow
