@@ -13,6 +13,8 @@ bounded agent loop and trajectory records (paper §2.2-2.3). The live-commerce d
 
 from hat_jax.harness._checks import RUNTIME_CHECKS, sentences, to_speech
 from hat_jax.harness._deadline import call_with_deadline
+from hat_jax.harness._detector import flagged as injection_flagged
+from hat_jax.harness._detector import injection_score
 from hat_jax.harness._edits import HarnessEdit, apply_edit, load_edit, parse_edit
 from hat_jax.harness._errors import PolicyError, ToolDenied, ToolError, ToolTimeout
 from hat_jax.harness._frozen import FrozenDict, content_hash, freeze, thaw
@@ -147,6 +149,8 @@ __all__ = [
     "fold",
     "freeze",
     "group_comments",
+    "injection_flagged",
+    "injection_score",
     "lexicon_problems",
     "load",
     "load_edit",
