@@ -133,4 +133,4 @@ def test_training_reproduces_the_shipped_model():
         benign=[e.text for e in benign],
     )
     np.testing.assert_allclose(retrained.weights, detector.weights, atol=1e-5)
-    assert retrained.threshold == pytest.approx(detector.threshold, abs=1e-6)
+    assert retrained.threshold == pytest.approx(detector.threshold, abs=1e-4)
