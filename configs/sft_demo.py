@@ -57,10 +57,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             eval_split="dev",
             # > 0: with the eval loss, the teacher-forced tool choice on this many eval records
             # (`hat_jax.eval.tool_choice`: would greedy decoding name the gold tool?), logged
-            # as eval/tool_choice*; one process only (0 on a cluster: `launch.tool_choice`)
+            # as eval/tool_choice*. Under several processes every process runs the same
+            # forward passes (the weights span the job) and logs the same figures.
             tool_choice_records=16,
             # > 0: also the in-context copying probe on this many rows of random tokens shown
-            # twice (`hat_jax.eval.copy_score`), logged as eval/copy; one process only
+            # twice (`hat_jax.eval.copy_score`), logged as eval/copy (likewise any process count)
             copy_probe_samples=8,
             online_hsa_probability=0.5 if mode == "hsa" else 0.0,
             online_hsa_dims="all",  # the dimensions online HSA draws from, e.g. "skill_id,hook"

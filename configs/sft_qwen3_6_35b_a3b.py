@@ -39,8 +39,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.corpus = ""  # required: the teacher corpus directory
     c.data.online_hsa_probability = 0.3 if mode == "hsa" else 0.0
     c.data.worker_count = 4
-    c.data.tool_choice_records = 0  # a cluster run: score checkpoints with launch.tool_choice
-    c.data.copy_probe_samples = 0  # likewise (launch.tool_choice prints it)
+    # off here (score checkpoints with launch.tool_choice, which prints copying too); when set
+    # they run on any number of processes, every process on the same rows
+    c.data.tool_choice_records = 0
+    c.data.copy_probe_samples = 0
     c.trainer.total_steps = 300
     c.trainer.batch_size = 32
     c.trainer.seq_len = 8192

@@ -17,7 +17,6 @@ import json
 import math
 import pathlib
 
-import jax
 from absl import app
 from flax import nnx
 
@@ -120,19 +119,11 @@ def _evaluations(c, built: Built) -> list:
     """The model evaluations run with the eval loss: the teacher-forced tool choice on the
     first eval records (`hat_jax.eval.tool_choice`, logged as `eval/tool_choice*`), the
     in-context copying probe (`hat_jax.eval.copy_score`, `eval/copy`) and the teacher-forced
-    answers of the eval split's lookup items (`hat_jax.eval.answer_score`, `eval/lookup*`)."""
+    answers of the eval split's lookup items (`hat_jax.eval.answer_score`, `eval/lookup*`).
+    Under several processes every process builds the same ones (the same records, the same
+    seeded rows) and runs their forward passes together (`hat_jax.eval.model_greedy_fn`)."""
     evaluations = []
-    counts = (("tool_choice_records", built.tool_choice_records),
-              ("copy_probe_samples", built.copy_probe_samples),
-              ("lookup_eval_records", built.lookup_eval_records))  # fmt: skip
-    offline = {"lookup_eval_records": "hat_jax.eval.answer_score"}  # the rest: the CLI
-    for field, n in counts:
-        if n and jax.process_count() > 1:
-            raise ValueError(
-                f"config.data.{field} > 0 runs on one process; set it to 0 on a cluster and "
-                f"score checkpoints with {offline.get(field, 'launch.tool_choice')}"
-            )
-    if not any(n for _, n in counts):
+    if not (built.tool_choice_records or built.copy_probe_samples or built.lookup_eval_records):
         return evaluations
     tokenizer = load_tokenizer(built.data.tokenizer_dir)
     if built.tool_choice_records:

@@ -379,8 +379,16 @@ def model_greedy_fn(model: Any, *, bucket: int = 512) -> Callable[[np.ndarray], 
     """A `greedy_fn` over a `models.Qwen`: rows are padded at the end to a multiple of `bucket`
     (causal, so the padding changes no prediction of the row; marked as padding) to bound
     recompilations; the program is cached by the model's graph, so evaluating each new state
-    of one training run compiles nothing new."""
+    of one training run compiles nothing new.
+
+    In a job of several processes the model's parameters may lie on every process's devices,
+    so the forward pass is one program of the whole job: every process calls `greedy_fn` with
+    the same rows (given to the program as replicated host data; a process whose rows differ
+    from process 0's raises), and every process gets the whole result. Scoring code that reads
+    the same records on every process therefore computes the same figures everywhere."""
     from flax import nnx
+
+    from hat_jax.sharding import check_same_on_all_processes, to_host
 
     graphdef, state = nnx.split(model)
     program = _greedy_program()
@@ -391,7 +399,8 @@ def model_greedy_fn(model: Any, *, bucket: int = 512) -> Callable[[np.ndarray], 
         padded[:, :n] = ids
         segments = np.zeros_like(padded)
         segments[:, :n] = 1  # 0: padding
-        return np.asarray(program(graphdef, state, padded, segments))[:, :n]
+        check_same_on_all_processes([padded], "greedy_fn rows")  # nothing with one process
+        return np.asarray(to_host(program(graphdef, state, padded, segments)))[:, :n]
 
     return greedy_fn
 

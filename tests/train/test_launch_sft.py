@@ -136,21 +136,3 @@ def test_the_base_logs_its_lookup_answers(tmp_path):
     (last,) = [r for r in _records(result.metrics_path) if "eval/lookup" in r]
     assert last["eval/lookup"] == 0.0 and 0.0 <= last["eval/lookup_tokens"] < 1.0
     assert any("lookup answers (teacher-forced) 0.0% exact" in line for line in sft.summary(result))
-
-
-def test_in_training_evaluations_refuse_several_processes(monkeypatch, tmp_path):
-    import data
-    from configs import base_demo
-
-    general = tmp_path / "general"
-    data.write_general_corpus(general, train=8, dev=4, lookup_share=0.5)
-    c = base_demo.get_config()
-    c.data.update(dict(corpus=str(general), copy_probe_samples=0, lookup_eval_records=2))
-    monkeypatch.setattr(sft.jax, "process_count", lambda: 2)
-    with pytest.raises(
-        ValueError, match="lookup_eval_records > 0 runs on one process.*answer_score"
-    ):
-        sft._evaluations(c, sft.build(c))
-    c.data.update(dict(lookup_eval_records=0, copy_probe_samples=2))
-    with pytest.raises(ValueError, match="copy_probe_samples > 0 runs on one process.*tool_choice"):
-        sft._evaluations(c, sft.build(c))
