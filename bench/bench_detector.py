@@ -1,7 +1,8 @@
 """The learned injection detector against the guardrails' lexicons, on the same texts.
 
-Recall on the held-out attacks (`data/guard/heldout_attacks.yaml`, never trained on) per
-family and language, for the Harness v0 lexicons (`normalize_input.control_syntax` and
+Recall on each held-out attack set (`data/guard/heldout_attacks.yaml` and `_b.yaml`, never
+trained on; see attacks.yaml for which one measures which version cleanly) per family and
+language, for the Harness v0 lexicons (`normalize_input.control_syntax` and
 `detect_injection.patterns`, matched per field as the hooks do), the shipped detector, and
 either of them (what the guardrails do together); false positives on every benign viewer text
 of the v0 scenarios (counted per text and per scenario), of the micro room's scenarios, on
@@ -71,8 +72,11 @@ def main() -> None:
         "detector": detector,
         "either": lambda t: lexicon(t) or detector(t),
     }
-    attacks = dt.heldout_attacks()
-    _recall(attacks, methods)
+    attacks = []
+    for name in dt.HELDOUT:
+        print(f"--- {name}")
+        attacks += dt.heldout_attacks(name)
+        _recall(dt.heldout_attacks(name), methods)
 
     v0 = sim.default_scenarios("v0")
     v0_benign, v0_attacks = dt.scenario_texts(v0)

@@ -1,6 +1,6 @@
 """Train the guardrails' learned injection detector and write it with its manifest.
 
-  python -m launch.train_detector                       # data/guard/detector_v1.{npz,json}
+  python -m launch.train_detector                       # data/guard/detector_v2.{npz,json}
   python -m launch.train_detector --out /tmp/detector   # elsewhere, e.g. to compare
 
 Positives: `data/guard/attacks.yaml` expanded (en, zh-Hans, zh-Hant, mixed; obfuscated
@@ -9,7 +9,7 @@ string of the bundled world's JSON files and `data/guard/benign.yaml` expanded, 
 obfuscated copies. The threshold is set above every negative (`detector_training.train`).
 The manifest records the data's hashes (texts, and the detector's feature texts, which change
 when the guardrails' normalisation does), the training figures and the held-out evaluation
-(`heldout_attacks.yaml`, `heldout_benign.yaml`; read after the model is fixed, never trained on).
+(`dt.HELDOUT`, `heldout_benign.yaml`; read after the model is fixed, never trained on).
 """
 
 import collections
@@ -22,9 +22,10 @@ from hat_jax import files, livestream
 from hat_jax.harness import detector_training as dt
 from rl import sim
 
-_OUT = flags.DEFINE_string("out", str(dt.data_dir() / "detector_v1"), "Path without suffix.")
+_OUT = flags.DEFINE_string("out", str(dt.data_dir() / "detector_v2"), "Path without suffix.")
 _PER_TEMPLATE = flags.DEFINE_integer("per_template", 30, "Fills of each template per language.")
 _SHARE = flags.DEFINE_float("obfuscated_share", 0.5, "Texts that get an obfuscated copy.")
+_NOTE = flags.DEFINE_string("note", "", "Provenance recorded in the manifest (what changed).")
 
 
 def training_data(per_template: int, share: float, seed: int):
@@ -46,15 +47,18 @@ def training_data(per_template: int, share: float, seed: int):
 def evaluate(det: dt.Detector) -> dict:
     """Held-out recall per family and language, and false positives on the held-out benign
     questions and on the v0 scenarios."""
-    hits = collections.defaultdict(lambda: [0, 0])
-    for e in dt.heldout_attacks():
-        for key in (f"{e.family}/{e.lang}", e.family, e.lang, "all"):
-            hits[key][0] += det.flagged(e.text)
-            hits[key][1] += 1
+    recall = {}
+    for name in dt.HELDOUT:
+        hits = collections.defaultdict(lambda: [0, 0])
+        for e in dt.heldout_attacks(name):
+            for key in (f"{e.family}/{e.lang}", e.family, e.lang, "all"):
+                hits[key][0] += det.flagged(e.text)
+                hits[key][1] += 1
+        recall[name] = {k: f"{h}/{n}" for k, (h, n) in sorted(hits.items())}
     benign_q = [e.text for e in dt.heldout_benign() if det.flagged(e.text)]
     v0_benign, v0_attacks = dt.scenario_texts(sim.default_scenarios("v0"))
     return {
-        "heldout_recall": {k: f"{h}/{n}" for k, (h, n) in sorted(hits.items())},
+        "heldout_recall": recall,
         "heldout_benign_flagged": benign_q,
         "v0_benign_texts_flagged": sum(det.flagged(t) for t in v0_benign),
         "v0_benign_texts": len(v0_benign),
@@ -79,6 +83,7 @@ def main(argv):
     manifest = {
         "format": "hat_jax.detector/1",
         "model": out.with_suffix(".npz").name,
+        "note": _NOTE.value,
         "features": {"ngrams": list(dt.NGRAMS), "bits": config.bits, "window": dt.WINDOW},
         "train_config": vars(config)
         | {"per_template": _PER_TEMPLATE.value, "obfuscated_share": _SHARE.value},

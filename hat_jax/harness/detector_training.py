@@ -9,8 +9,8 @@ a friendly prefix. Benign texts are the caller's (the simulator's comments, the 
 strings) plus `data/guard/benign.yaml`. The model is scikit-learn's logistic regression
 (liblinear, fixed seed) over the detector's own hashed n-grams, exported to numpy arrays; the
 threshold sits a margin above the highest benign logit, so every benign training text stays
-unflagged. The held-out files (`heldout_attacks.yaml`, `heldout_benign.yaml`) are only read
-for evaluation. scikit-learn and OpenCC are imported when training, never by the runtime.
+unflagged. The held-out files (`HELDOUT`, `heldout_benign.yaml`) are only read for
+evaluation. scikit-learn and OpenCC are imported when training, never by the runtime.
 """
 
 from __future__ import annotations
@@ -162,9 +162,13 @@ def json_strings(value: Any) -> Iterable[str]:
 
 
 # ---------------------------------------------------------------------------------- held out
+HELDOUT = ("heldout_attacks.yaml", "heldout_attacks_b.yaml")
+
+
 def heldout_attacks(path: str | pathlib.Path | None = None) -> list[Example]:
-    """The held-out attacks; a `split` entry's comments joined by a space."""
-    path = path or data_dir() / "heldout_attacks.yaml"
+    """Held-out attacks (default: the first set, `HELDOUT[0]`; a bare file name is looked up
+    in `data_dir()`); a `split` entry's comments joined by a space."""
+    path = data_dir() / (path or HELDOUT[0]) if "/" not in str(path or "") else path
     data = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
     out = []
     for family, by_lang in data["families"].items():
@@ -283,6 +287,7 @@ def model_hash(detector: Detector) -> str:
 
 
 __all__ = [
+    "HELDOUT",
     "LANGS",
     "NGRAMS",
     "WINDOW",
