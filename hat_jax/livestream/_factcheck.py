@@ -29,13 +29,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hat_jax.harness import find_all, fold, lexicon_problems
+from hat_jax.livestream._numbers import ZH_NUMERAL, parse_zh, words_to_digits
 
-_CN = "零〇一二两三四五六七八九十百千万"
+_CN = ZH_NUMERAL
 _N = rf"\d+(?:\.\d+)?|[{_CN}]+"
-_CN_DIGIT = {c: i for i, c in enumerate("零一二三四五六七八九")} | {"〇": 0, "两": 2}
-_CN_UNIT = {"十": 10, "百": 100, "千": 1000, "万": 10000}
 
-_ISO_TIME = re.compile(r"T([01]\d|2[0-3]):([0-5]\d)")
+_ISO_TIME = re.compile(r"T([01]\d|2[0-3]):([0-5]\d)", re.I)
 _CLOCK = re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])")
 _AMPM = re.compile(r"\b(1[0-2]|0?[1-9])(?::([0-5]\d))?\s?(am|pm|a\.m\.|p\.m\.)", re.I)
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
@@ -49,8 +48,14 @@ _COUNT_KEYS = frozenset(
 
 # (kind, pattern): the first non-empty group is the figure. Used on replies and on evidence text.
 _PATTERNS = [
-    ("money", re.compile(r"[¥￥]\s?(\d+(?:[.,]\d+)?)|\b(?:rmb|cny)\s?(\d+(?:\.\d+)?)", re.I)),
-    ("money", re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?(?:yuan\b|rmb\b|cny\b|元|块)", re.I)),
+    ("money", re.compile(r"[¥￥$]\s?(\d+(?:[.,]\d+)?)|\b(?:rmb|cny)\s?(\d+(?:\.\d+)?)", re.I)),
+    (
+        "money",
+        re.compile(
+            r"(?<![\w.])(\d+(?:\.\d+)?)\s?(?:yuan\b|rmb\b|cny\b|dollars?\b|bucks?\b|美元|美金|元|块)",
+            re.I,
+        ),
+    ),
     ("percent", re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?(?:%|percent\b)", re.I)),
     (
         "count",
@@ -72,10 +77,13 @@ _PATTERNS = [
         ),
     ),
     ("money", re.compile(rf"人民币\s?({_N})")),
+    # A refund is money: "a refund of 500", "refund you 500", "退你500", "退款500".
+    ("money", re.compile(r"\brefund(?:ed)?(?: of| you| back)?\s(\d+(?:\.\d+)?)\b(?![-:])", re.I)),
+    ("money", re.compile(rf"退(?:款|还|回|给你|你|您)*\s?({_N})")),
     ("money", re.compile(rf"((?:{_N})(?:毛|角)[一二三四五六七八九\d]?)(?![\d{_CN}])")),
     ("count", re.compile(rf"(?:还剩|只剩|剩下|仅剩|库存|现货)\s?({_N})")),
     ("count", re.compile(rf"限购\s?({_N})")),
-    ("percent", re.compile(rf"((?:\d+(?:\.\d+)?|[{_CN}]{{1,3}})折)|百分之\s?({_N})")),
+    ("percent", re.compile(rf"((?:\d+(?:\.\d+)?|[{_CN}]{{1,3}})折)|百分之\s?({_N})|(半)价")),
     ("days", re.compile(rf"({_N})\s?个?(?:工作日|天)")),
     ("hours", re.compile(rf"({_N})\s?个?(?:小时|钟头)")),
 ]
@@ -88,24 +96,10 @@ _SPOKEN_NON_FINITE = re.compile(
 )
 
 
-def _cn_int(text: str) -> int:
-    """A Chinese numeral (一百二十, 两万, 十五, 三〇五) as an integer."""
-    if all(c in _CN_DIGIT for c in text):
-        return int("".join(str(_CN_DIGIT[c]) for c in text))
-    total, section, digit = 0, 0, 0
-    for c in text:
-        if c in _CN_DIGIT:
-            digit = _CN_DIGIT[c]
-        elif c == "万":
-            total, section, digit = (total + section + digit) * 10000, 0, 0
-        else:
-            section += (digit or 1) * _CN_UNIT[c]
-            digit = 0
-    return total + section + digit
-
-
 def _num(text: str) -> float:
     text = text.replace(",", "")
+    if text == "半":  # 半价: pay half
+        return 50.0
     if text.endswith("折"):  # 8折 = pay 80%, 85折 = 85%
         value = _num(text[:-1])
         return round(value * 10 if value < 10 else value, 2)
@@ -116,7 +110,8 @@ def _num(text: str) -> float:
         whole, tenth = text.split("块")
         return round(_num(whole) + _num(tenth) / 10, 2)
     if text and text[0] in _CN:
-        return float(_cn_int(text))
+        value = parse_zh(text)
+        return float("nan") if value is None else float(value)
     return round(float(text), 2)
 
 
@@ -158,6 +153,7 @@ class Evidence:
         self.times: set[str] = set()
         self.pairs: set[tuple[float, float]] = set()
         self.text: list[str] = []  # folded strings, for identifiers
+        self.numbers: set[float] = set()  # every finite number, for figures without a unit
 
     def add(self, value: Any) -> None:
         """Walks a JSON value and records its figures by kind (see module docstring)."""
@@ -168,6 +164,7 @@ class Evidence:
 
     def _walk(self, value: Any, key: str, texts: list[str]) -> None:
         if _is_number(value):
+            self.numbers.add(round(float(value), 2))
             kind = "money" if key in _MONEY_KEYS else "count" if key in _COUNT_KEYS else None
             kind = kind or (
                 "days" if key.endswith("_days") else "hours" if key.endswith("_hours") else None
@@ -179,8 +176,7 @@ class Evidence:
             if key.endswith(("_days", "_hours")):
                 kind = "days" if key.endswith("_days") else "hours"
                 self.figures[kind].update(_num(m) for m in _NUMBER.findall(value))
-            if _DIGIT.search(value):
-                texts.append(value)
+            texts.append(value)  # digits or number words ("air it for one to two days")
         elif isinstance(value, Mapping):
             self._walk_mapping(value, texts)
         elif isinstance(value, list | tuple):
@@ -189,10 +185,14 @@ class Evidence:
 
     def _walk_mapping(self, value: Mapping[str, Any], texts: list[str]) -> None:
         for k, v in value.items():
+            if isinstance(k, str) and _DIGIT.search(k):  # variant keys: {"38": 12, "45 mm": 0}
+                texts.append(k)
+                self.text.append(fold(k))
             if k == "stock" and isinstance(v, Mapping):
-                self.figures["count"].update(
-                    round(float(n), 2) for n in v.values() if _is_number(n)
-                )
+                texts += [str(variant) for variant in v]
+                counts = {round(float(n), 2) for n in v.values() if _is_number(n)}
+                self.figures["count"] |= counts
+                self.numbers |= counts
             else:
                 self._walk(v, str(k), texts)
         list_price = value.get("list_price", value.get("price"))
@@ -205,7 +205,11 @@ class Evidence:
                 self.pairs.add((float(list_price), float(low)))
 
     def _add_text(self, text: str) -> None:
+        text = words_to_digits(fold(text, 1 << 20))
+        self.numbers.update(round(float(n), 2) for n in _NUMBER.findall(text))
         for kind, pattern in self.patterns:
+            if kind == "count":  # counts come from count fields, never from prose (see above)
+                continue
             for match in pattern.finditer(text):
                 self.figures[kind].add(_num(next(g for g in match.groups() if g)))
         self.times.update(f"{int(h):02d}:{m}" for h, m in _ISO_TIME.findall(text))
@@ -217,8 +221,14 @@ class Evidence:
         self.times |= other.times
         self.pairs |= other.pairs
         self.text += other.text
+        self.numbers |= other.numbers
 
     def supports(self, kind: str, value: float) -> bool:
+        """Whether a figure of `kind` ("number": one without a unit) is backed."""
+        if kind == "number":
+            return value in self.numbers or any(
+                self.supports(k, value) for k in ("money", "percent")
+            )
         if value in self.figures[kind]:
             return True
         if kind == "money":
@@ -233,43 +243,116 @@ class Evidence:
         return False
 
 
-def _clock_claims(text: str) -> list[str]:
-    out = [f"{int(h):02d}:{m}" for h, m in _CLOCK.findall(text)]
-    for h, m, ampm in _AMPM.findall(text):
-        hour = int(h) % 12 + (12 if ampm.lower().startswith("p") else 0)
-        out.append(f"{hour:02d}:{m or '00'}")
-    for part, h, half, m in _ZH_CLOCK.findall(text):
-        hour = int(_num(h)) % 24
+def _clock_claims(text: str) -> list[tuple[str, tuple[int, int]]]:
+    out = [(f"{int(m[1]):02d}:{m[2]}", m.span()) for m in _CLOCK.finditer(text)]
+    for m in _AMPM.finditer(text):
+        hour = int(m[1]) % 12 + (12 if m[3].lower().startswith("p") else 0)
+        out.append((f"{hour:02d}:{m[2] or '00'}", m.span()))
+    for m in _ZH_CLOCK.finditer(text):
+        part, h, half, minute = m.groups()
+        hour = int(_num(h)) % 24 if _num(h) == _num(h) else 99
         if part in ("下午", "晚上", "今晚") and hour < 12:
             hour += 12
-        out.append(f"{hour:02d}:{'30' if half else f'{int(m):02d}' if m else '00'}")
+        out.append(
+            (f"{hour:02d}:{'30' if half else f'{int(minute):02d}' if minute else '00'}", m.span())
+        )
     return out
 
 
-def unsupported_claims(text: str, evidence: Evidence) -> list[str]:
-    """The figures in `text` that `evidence` does not support, as short phrases."""
+# A clause that attributes a figure or identifier to the viewer ("you mentioned 89 yuan", "你说
+# 的89元") or says it was not found ("I couldn't find order DD..."): there, and only there, the
+# viewer's own figures and identifiers may be repeated, as theirs. Clauses end at commas too.
+_QUOTE = re.compile(
+    r"\byou (?:just )?(?:mentioned|said|wrote|quoted|asked about|saw|typed|gave)\b"
+    r"|\b(?:couldn't|could not|can't|cannot|didn't|did not|was unable to|were unable to)"
+    r" (?:find|locate|see)\b"
+    r"|(?:你|您)(?:刚才|刚刚)?(?:说|提到|写|看到|给)的?|(?:找不到|没有找到|没找到|查不到|没有查到)"
+)
+_CLAUSE = re.compile(r"[^.;!?,。；！？，\n]+")
+
+
+def _attributed(text: str) -> list[tuple[int, int]]:
+    return [m.span() for m in _CLAUSE.finditer(text) if _QUOTE.search(m.group(0))]
+
+
+def _viewer_numbers(words: Iterable[str]) -> set[float]:
+    text = words_to_digits(fold(" ".join(words)))
+    out = {round(float(n), 2) for n in _NUMBER.findall(text)}
+    for _, pattern in figure_patterns():
+        for match in pattern.finditer(text):
+            out.add(_num(next(g for g in match.groups() if g)))
+    return out
+
+
+def _inside(pos: int, spans: Iterable[tuple[int, int]]) -> bool:
+    return any(a <= pos < b for a, b in spans)
+
+
+def unsupported_claims(
+    text: str, evidence: Evidence, viewer_words: Iterable[str] = ()
+) -> list[str]:
+    """The figures in `text` that `evidence` does not support, as short phrases.
+
+    A figure is a typed claim of the grammar (money, percent, count, days, hours, clock
+    times) or any other number, in digits or in words (`_numbers`); a number without a unit
+    needs the same number somewhere in the evidence. The viewer's own figures (`viewer_words`)
+    are never evidence: they may be repeated only in a clause that attributes them to the
+    viewer ("you mentioned 89 yuan").
+    """
+    text = words_to_digits(fold(text))
     bad: list[str] = [
         f"a malformed number {m.group(0).strip()!r}" for m in _SPOKEN_NON_FINITE.finditer(text)
     ]
+    quoted = _attributed(text)
+    theirs = _viewer_numbers(viewer_words) if quoted else set()
+    claimed: list[tuple[int, int]] = []
+
+    def check(kind: str, value: float, phrase: str, span: tuple[int, int]) -> None:
+        claimed.append(span)
+        if evidence.supports(kind, value) or phrase in bad:
+            return
+        if value in theirs and _inside(span[0], quoted):
+            return
+        bad.append(phrase)
+
     for kind, pattern in evidence.patterns:
         for match in pattern.finditer(text):
             raw = next(g for g in match.groups() if g)
-            phrase = match.group(0).strip()
-            if not evidence.supports(kind, _num(raw)) and phrase not in bad:
-                bad.append(phrase)
-    for t in _clock_claims(text):
+            check(kind, _num(raw), match.group(0).strip(), match.span())
+    for t, span in _clock_claims(text):
+        claimed.append(span)
         if t not in evidence.times and f"the time {t}" not in bad:
             bad.append(f"the time {t}")
+    for match in _NUMBER.finditer(text):
+        if not _inside(match.start(), claimed):
+            check("number", round(float(match.group(0)), 2), match.group(0), match.span())
     return bad
+
+
+# Codes that mix letters and digits (order, coupon, tracking and product ids), except
+# measurements and clock times.
+_CODE = re.compile(r"(?<![\w-])(?=[\w-]*[a-z])(?=[\w-]*\d)[a-z0-9]+(?:-[a-z0-9]+)*(?![\w-])")
+_MEASURE = re.compile(
+    r"\d+(?:am|pm|st|nd|rd|th|ml|l|g|kg|mg|cm|mm|m|km|mah|w|v|gb|tb|mb|k|x|h|hrs?|min|s|pcs)"
+    r"|\d+(?:-[a-z]+)+"  # "12-month", "30-day": a number and its unit, checked as a number
+)
 
 
 def unsupported_identifiers(
     text: str, identifiers: Any, evidence: Evidence, own_words: Iterable[str] = ()
 ) -> list[str]:
     """Identifiers in `text` (phone numbers, addresses, order numbers: the `identifiers`
-    lexicon) that neither the evidence's text nor the requesting viewer's own words contain."""
+    lexicon; codes mixing letters and digits) that the evidence's text does not contain. The
+    requesting viewer's own words (`own_words`) support one only in a clause that attributes
+    it to them, so no other viewer's data and no made-up code is spoken as fact."""
+    folded = fold(text)
     found = [f.strip() for f in find_all(identifiers, text)]
+    found += [m.group(0) for m in _CODE.finditer(folded) if not _MEASURE.fullmatch(m.group(0))]
     if not found:
         return []
-    known = "\n".join([*evidence.text, *(fold(w) for w in own_words)])
-    return list(dict.fromkeys(f for f in found if f and f not in known))
+    known = "\n".join(evidence.text)
+    own = "\n".join(fold(w) for w in own_words)
+    quoted = "\n".join(folded[a:b] for a, b in _attributed(folded))
+    return list(
+        dict.fromkeys(f for f in found if f and f not in known and not (f in own and f in quoted))
+    )

@@ -57,8 +57,8 @@ def _factual_risk(ctx: HookContext, rule, r: ReplyCandidate):
     if r.channel == "none":
         return None
     evidence, text = run_evidence(ctx, rule.params.get("figures")), fold(r.text)
-    bad = unsupported_claims(text, evidence)
     own = [c.text for c in ctx.request.comments if c.viewer_id == ctx.request.viewer_id]
+    bad = unsupported_claims(text, evidence, own)
     bad += unsupported_identifiers(r.text, rule.params.get("identifiers"), evidence, own)
     if not bad:
         return None
