@@ -1,23 +1,30 @@
 """Factual-risk checking: every figure a reply states must be backed by this request's evidence.
 
 Evidence is what the request legitimately knows: the context the prompt pipeline showed
-(product spec, FAQ, room state) and every successful tool result. Viewer comments and earlier
-host replies are not evidence. Evidence is typed, so a number only supports a claim of its own
-kind: amounts of money come from price-like fields and `¥` figures, counts from stock and
-limit fields, day and hour counts from `*_days` / `*_hours` fields and "N days" text, clock
-times from timestamps. A saving or a percentage off is supported when it follows from a
-(list price, promotion price) pair of the same object.
+(product spec, FAQ, room state) and every successful tool result that carried no instructions
+(a tainted result backs nothing, see `sanitize_tool_output`). Viewer comments and earlier host
+replies are not evidence. Evidence is typed, so a number only supports a claim of its own kind:
+amounts of money come from price-like fields and `¥` figures, counts from stock and limit
+fields only (never from prose, so a count planted in a tool result's free text backs nothing),
+day and hour counts from `*_days` / `*_hours` fields and "N days" text, clock times from
+timestamps. A saving or a percentage off is supported when it follows from a (list price,
+promotion price) pair of the same object.
 
-A reply's claims are the figures a viewer would act on, in English and Chinese: `¥149`,
-`30 yuan`, `1元`, `一块钱`, `九块九`, `九毛九`, `25%`, `8折`, `12 left`, `还剩12件`, `limit 2`, `限购2`,
-`7 days`, `7天`, `48 hours`, `21:00` / `9 pm` / `晚上9点`. Chinese numerals are read as numbers.
-`extra` figure patterns (kind -> language -> expressions, hooks.yaml) extend the grammar. A
-number that is not finite is never evidence, and a reply that speaks one ("NaN left") is
-unsupported. Identifiers (phone numbers, addresses, order and tracking numbers; patterns from
-hooks.yaml) must appear in the evidence's text or the requesting viewer's own words, so the
-personal data of other viewers cannot be spoken. Deliberately not covered: qualitative claims
-("in stock", "best seller"); the forbidden-claims hook handles promises, human claims and
-overreach by pattern.
+A reply's claims are the figures a viewer would act on, in English and Chinese: `¥149`, `$89`,
+`30 yuan`, `1元`, `一块钱`, `九块九`, `九毛九`, `25%`, `8折`, `半价`, `12 left`, `还剩12件`,
+`limit 2`, `限购2`, `a refund of 500`, `退你500`, `7 days`, `7天`, `48 hours`, `21:00` / `9 pm` /
+`晚上9点`; and every other number, which must occur somewhere in the evidence. Number words are
+read by one parser (`_numbers`: `one dollar`, `eighty-nine`, `十九`, `两百五`), on text folded by
+the runtime (Traditional characters read as Simplified). `extra` figure patterns (kind ->
+language -> expressions, hooks.yaml) extend the grammar. A number that is not finite is never
+evidence, and a reply that speaks one ("NaN left") is unsupported. Identifiers (phone numbers,
+addresses, order and tracking numbers: patterns from hooks.yaml; codes mixing letters and
+digits) must appear in the evidence's text, so neither another viewer's personal data nor a
+made-up code is spoken. The viewer's own figures and identifiers are never evidence: they may
+be repeated only in a clause that attributes them to the viewer ("you mentioned 89 yuan", "I
+couldn't find order DD...", "你说的89元"). Deliberately not covered: qualitative claims ("in
+stock", "best seller"); the forbidden-claims hook handles promises, human claims and overreach
+by pattern.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 `factual_risk`: every figure a reply states (prices, counts, percentages, day and hour counts,
 clock times), in English or Chinese, must be backed by this request's facts, read as typed
 `Evidence` (see `_factcheck`); so must every identifier it states (phone numbers, addresses,
-order and tracking numbers: `params.identifiers`), unless the requesting viewer wrote it, so
-no other viewer's personal data is spoken. `params.figures` extends the figure grammar. The
+order and tracking numbers: `params.identifiers`; codes), so no other viewer's personal data
+is spoken; the requesting viewer's own figures and identifiers only in a clause that
+attributes them to the viewer. `params.figures` extends the figure grammar. The
 evidence is built once per run from `HookContext.facts` and extended as tool results arrive.
 """
 
