@@ -15,6 +15,7 @@ when the guardrails' normalisation does), the training figures and the held-out 
 import collections
 import json
 import pathlib
+from importlib import metadata
 
 from absl import app, flags
 
@@ -56,12 +57,19 @@ def evaluate(det: dt.Detector) -> dict:
                 hits[key][1] += 1
         recall[name] = {k: f"{h}/{n}" for k, (h, n) in sorted(hits.items())}
     benign_q = [e.text for e in dt.heldout_benign() if det.flagged(e.text)]
-    v0_benign, v0_attacks = dt.scenario_texts(sim.default_scenarios("v0"))
+    v0 = sim.default_scenarios("v0")
+    v0_benign, v0_attacks = dt.scenario_texts(v0)
+    benign_scenarios = [s for s in v0 if not any(i.kind == "injection" for i in s.gold.intents)]
+    texts = lambda s: [t for c in s.comments for t in (c.text, c.handle)]
     return {
         "heldout_recall": recall,
         "heldout_benign_flagged": benign_q,
         "v0_benign_texts_flagged": sum(det.flagged(t) for t in v0_benign),
         "v0_benign_texts": len(v0_benign),
+        "v0_benign_scenarios_flagged": sum(
+            any(map(det.flagged, texts(s))) for s in benign_scenarios
+        ),
+        "v0_benign_scenarios": f"{len(benign_scenarios)} of {len(v0)}",
         "v0_attack_texts_flagged": f"{sum(det.flagged(t) for t in v0_attacks)}/{len(v0_attacks)}",
     }
 
@@ -84,6 +92,7 @@ def main(argv):
         "format": "hat_jax.detector/1",
         "model": out.with_suffix(".npz").name,
         "note": _NOTE.value,
+        "trained_with": {p: metadata.version(p) for p in ("scikit-learn", "opencc", "numpy")},
         "features": {"ngrams": list(dt.NGRAMS), "bits": config.bits, "window": dt.WINDOW},
         "train_config": vars(config)
         | {"per_template": _PER_TEMPLATE.value, "obfuscated_share": _SHARE.value},

@@ -52,7 +52,8 @@ def feature_text(text: str) -> str:
 
 def _window_ids(s: str, mask: int) -> list[int]:
     grams = {s[i : i + n] for n in NGRAMS for i in range(len(s) - n + 1)}
-    return [zlib.crc32(g.encode()) & mask for g in grams]
+    # Sorted, so the float sum of their weights does not depend on the set's (per-process) order.
+    return sorted(zlib.crc32(g.encode()) & mask for g in grams)
 
 
 def window_ids(text: str, bits: int) -> list[list[int]]:
