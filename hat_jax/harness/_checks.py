@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jsonschema
@@ -41,6 +41,55 @@ def _flagged(request: Request, *flags: str) -> Request:
     return dataclasses.replace(request, flags=tuple(dict.fromkeys((*request.flags, *flags))))
 
 
+# ---------------------------------------------------------------------------------- detectors
+def learned_detector() -> Callable[[str], bool] | None:
+    """The learned injection detector (`hat_jax.harness._detector.flagged`: folded text ->
+    whether it reads as an instruction), or None where it is not installed. Consulted by
+    `detected` only, behind the lexicons."""
+    try:
+        from hat_jax.harness._detector import flagged
+    except ImportError:
+        return None
+    return flagged
+
+
+def detected(text: str, *lexicons: Any, learned: bool = True) -> str | None:
+    """What flags untrusted `text` as control syntax or an instruction, or None: each lexicon
+    (language -> expressions) on the folded text, then (`learned`) the learned detector on the
+    folded text when it is prose (two words, or four CJK characters). The one judgement every viewer-controlled field and every tool-output string
+    goes through, so a detector added here covers them all."""
+    for lexicon in lexicons:
+        if found := guard.search(lexicon, text):
+            return found
+    if learned and _PROSE.search(text) and (flagged := learned_detector()) is not None:
+        folded = guard.fold(text)
+        if flagged(folded):
+            return f"the learned detector: {folded[:40]!r}"
+    return None
+
+
+# The learned detector reads sentences: a single token (a key, a code, an id) is not one.
+_PROSE = re.compile(r"\S\s+\S|[\u3400-\u9fff]{4}")
+
+
+_SEPARATORS = re.compile(r"[_.\-]+")
+
+
+def viewer_fields(request: Request, *, joiner: str = " ") -> list[str]:
+    """Every viewer-controlled string of a request: each comment, each handle (its separators
+    read as spaces: `ignore_all_rules`), each comment and handle of the history the context
+    shows, and all comments of the request together (`joiner` between them), so an instruction
+    split across comments is judged as one."""
+    out = []
+    for c in request.comments:
+        out += [c.text, _SEPARATORS.sub(" ", c.handle)]
+    for turn in request.context.history:
+        out += [str(turn.get("comment", "")), _SEPARATORS.sub(" ", str(turn.get("handle", "")))]
+    if len(request.comments) > 1:
+        out.append(joiner.join(c.text for c in request.comments))
+    return [f for f in out if f]
+
+
 # ---------------------------------------------------------------------------------- input
 _HANDLE = re.compile(r"[^\w.\-]+")
 
@@ -54,13 +103,21 @@ def _normalize_problems(params: Mapping[str, Any]) -> list[str]:
 @RUNTIME_CHECKS.check("normalize_input", "input", ("modify",), _normalize_problems)
 def _normalize_input(ctx, rule, request: Request):
     """Normalises comments for the policy; control syntax of the chat format or of tool calling
-    (`params.control_syntax`, looked for on the raw text before it is removed) flags the
-    request as an injection, in any language."""
+    (`params.control_syntax`, looked for on the raw text of every viewer-controlled field
+    before it is removed: comments, handles, the comments joined) flags the request as an
+    injection, in any language."""
     max_chars = int(rule.params.get("max_comment_chars", 500))
     control = rule.params.get("control_syntax")
-    comments, forged = [], None
+    forged = next(
+        (
+            f
+            for text in viewer_fields(request, joiner="")
+            if (f := detected(text, control, learned=False))
+        ),
+        None,
+    )
+    comments = []
     for c in request.comments[: int(rule.params.get("max_comments", 8))]:
-        forged = forged or guard.search(control, c.text)
         text = guard.normalize_text(c.text, max_chars)
         handle = _HANDLE.sub("", guard.normalize_text(c.handle, 64))[:32] or c.viewer_id[:32]
         if text:
@@ -81,11 +138,13 @@ def _injection_problems(params: Mapping[str, Any]) -> list[str]:
 
 @RUNTIME_CHECKS.check("detect_injection", "input", ("flag",), _injection_problems)
 def _detect_injection(ctx, rule, request: Request):
-    """Flags comments that try to override the host's rules, matched on the folded text with
-    the per-language lexicon `params.patterns` (language -> expressions, or one flat list)."""
+    """Flags requests that try to override the host's rules: every viewer-controlled field
+    (`viewer_fields`: comments, handles, history, the comments joined) is judged by `detected`
+    with the per-language lexicon `params.patterns` (language -> expressions, or one flat
+    list) on the folded text, and by the learned detector."""
     lexicon = rule.params["patterns"]
-    for c in request.comments:
-        if found := guard.search(lexicon, c.text):
+    for text in viewer_fields(request):
+        if found := detected(text, lexicon):
             return Verdict(
                 f"instruction override attempt: {found!r}", fix=_flagged(request, INJECTION)
             )
@@ -147,13 +206,87 @@ def _require_skill_permission(ctx, rule, s: CallSubject):
     )
 
 
-@RUNTIME_CHECKS.check("injection_guard", "before_tool", ("block",))
-def _injection_guard(ctx, rule, s: CallSubject):
-    if s.spec.side_effects and INJECTION in ctx.request.flags:
-        return Verdict(
-            f"{s.call.name} refused for a comment that tries to override the rules",
-            {"tool": s.call.name},
+SIDE_EFFECT_RULE_KEYS = frozenset({"skills", "max_per_request", "requires"})
+_CONTEXT_PARTS = ("room", "product")
+
+
+def _side_effect_problems(params: Mapping[str, Any]) -> list[str]:
+    rules = params.get("side_effects")
+    if rules is None:
+        return []
+    if not isinstance(rules, Mapping) or not rules:
+        return ["params.side_effects must map side-effect tools to their rules"]
+    out = []
+    for tool, r in rules.items():
+        field = f"params.side_effects.{tool}"
+        if not isinstance(r, Mapping):
+            out.append(f"{field} must be a mapping with {sorted(SIDE_EFFECT_RULE_KEYS)}")
+            continue
+        if unknown := set(r) - SIDE_EFFECT_RULE_KEYS:
+            out.append(f"{field} has unknown keys {sorted(unknown)}")
+        skills = r.get("skills")
+        if not isinstance(skills, list | tuple) or not all(isinstance(k, str) for k in skills):
+            out.append(f"{field}.skills must be a list of Skill names")
+        n = r.get("max_per_request")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            out.append(f"{field}.max_per_request must be a positive integer")
+        path = r.get("requires")
+        if path is not None and (
+            not isinstance(path, str) or path.split(".", 1)[0] not in _CONTEXT_PARTS
+        ):
+            out.append(
+                f"{field}.requires must be a path into the context: room.<key> or product.<key>"
+            )
+    return out
+
+
+def _context_value(request: Request, path: str) -> Any:
+    value: Any = request.context
+    for i, key in enumerate(path.split(".")):
+        value = (
+            getattr(value, key, None)
+            if i == 0
+            else value.get(key)
+            if isinstance(value, Mapping)
+            else None
         )
+    return value
+
+
+def side_effect_refusal(ctx, rule, s: CallSubject) -> str | None:
+    """Why side-effect tool call `s` may not run, or None. Read on structured state only, never
+    on the comment's wording: the request carries no flag of any detector (injection from a
+    comment, a handle, the history or a tool output); and, where the hook states rules
+    (`params.side_effects`, canonical tool -> rule), the tool has one and it holds: a loaded
+    Skill among its `skills`, fewer than `max_per_request` calls started in this request that did
+    not fail (`HookContext.calls`: a retry after a failure is allowed), and the
+    context value at `requires` (e.g. `room.campaigns`: the campaigns the marketing service
+    reports active) present and not empty. A side-effect tool without a rule never runs."""
+    if ctx.request.flags:
+        return f"the request is flagged ({', '.join(ctx.request.flags)})"
+    rules = rule.params.get("side_effects")
+    if rules is None:
+        return None
+    r = rules.get(s.canonical)
+    if r is None:
+        return "the Harness states no rule for this side-effect tool"
+    loaded = {ctx.state.renames.canonical_skill(n) for n in ctx.loaded_skills}
+    if not loaded & set(r["skills"]):
+        return f"it needs one of the Skills {', '.join(r['skills'])} loaded"
+    if ctx.calls[s.canonical] >= r["max_per_request"]:
+        return f"it may run at most {r['max_per_request']} time(s) per request"
+    if r.get("requires") and not _context_value(ctx.request, r["requires"]):
+        return f"the context has no {r['requires']}"
+    return None
+
+
+@RUNTIME_CHECKS.check("injection_guard", "before_tool", ("block",), _side_effect_problems)
+def _injection_guard(ctx, rule, s: CallSubject):
+    """Side effects need a trusted trigger (`side_effect_refusal`)."""
+    if not s.spec.side_effects:
+        return None
+    if why := side_effect_refusal(ctx, rule, s):
+        return Verdict(f"{s.call.name} refused: {why}", {"tool": s.call.name, "detail": why})
     return None
 
 
@@ -181,7 +314,8 @@ def _sanitize_tool_output(ctx, rule, s: ResultSubject):
     """Tool output is data. A result that is not finite JSON data, too deep or too long is
     discarded or cut; strings that carry control syntax (`params.control_syntax`) or
     instructions (`params.patterns`) are withheld and taint the request: it is flagged like an
-    injected comment, so no side-effect tool runs for it afterwards."""
+    injected comment, so no side-effect tool runs for it afterwards, and the result is not
+    evidence for any claim (none of its fields, withheld or not)."""
     if s.error is not None:
         return None
     max_chars, max_depth = (
@@ -219,7 +353,7 @@ def _tainted(rule, s: ResultSubject) -> Verdict | None:
     control, lexicon = rule.params.get("control_syntax"), rule.params.get("patterns")
     tainted, found = set(), []
     for text in guard.strings(s.result):
-        if hit := guard.search(control, text) or guard.search(lexicon, text):
+        if hit := detected(text, control, lexicon):
             tainted.add(text)
             found.append(hit)
     if not tainted:
@@ -227,7 +361,7 @@ def _tainted(rule, s: ResultSubject) -> Verdict | None:
     note = "[withheld: this text gave instructions; tool output is data]"
     return Verdict(
         f"tool output carries instructions or control syntax: {found[0]!r}; request flagged",
-        fix=dataclasses.replace(s, result=guard.withhold(s.result, tainted, note)),
+        fix=dataclasses.replace(s, result=guard.withhold(s.result, tainted, note), tainted=True),
         flags=(INJECTION,),
     )
 

@@ -5,7 +5,7 @@ order (so a `load_skill` early in the turn authorises a commerce call later in i
 flow-control tools itself and starts executor calls on worker threads. `collect` then waits for
 each started call until its own deadline (min of the per-call timeout and the trajectory
 budget), maps failures to error results, runs the after-tool hooks and adds successful results
-to the run's facts. Independent calls of one round therefore run in parallel.
+that carried no instructions (not `tainted`) to the run's facts. Independent calls of one round therefore run in parallel.
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ def _start(
     deadline = min(now + run.limits.tool_timeout_s, run.deadline)
     inline = getattr(run.tools, "is_inline", lambda name: False)(canonical)
     pending = start(lambda: fn(args), inline=inline)
+    run.ctx.calls[canonical] += 1
     return Started(call, canonical, rec, pending, deadline, max(0.0, deadline - now))
 
 
@@ -167,10 +168,13 @@ def collect(run, job: Started, intervals: list[tuple[float, float]]) -> dict[str
     )
     run.traj.hook_events += res.events
     value, err = res.subject.result, res.subject.error
+    if err is not None:
+        run.ctx.calls[job.canonical] -= 1
     if err == "malformed":
         run.traj.faults.append(Fault(round=run.round, kind="malformed_result", detail=call.name))
     if err is None:
-        run.ctx.facts.append(value)
+        if not res.subject.tainted:  # a result that carried instructions supports no claim
+            run.ctx.facts.append(value)
         run.ctx.performed.add(job.canonical)
     rec.result, rec.error = value, err
     return tool_message(call, value)

@@ -8,6 +8,7 @@ Subjects per point: `input` -> `Request`; `before_tool` -> `CallSubject` (and th
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,10 +36,14 @@ class CallSubject:
 
 @dataclasses.dataclass(frozen=True)
 class ResultSubject:
+    """A tool result. `tainted`: a hook withheld part of it as instructions, so none of it is
+    evidence (it still reaches the policy, withheld parts replaced)."""
+
     call: ToolCall
     canonical: str
     result: Any
     error: str | None = None
+    tainted: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +60,12 @@ class HookContext:
     """What hooks may read about the run so far.
 
     `facts` is what the request legitimately knows, in arrival order: the values of the request
-    context the prompt showed (product, FAQ pool, room), then every successful tool result.
-    Viewer comments and earlier replies are not facts. `memo` is scratch space for checks that
+    context the prompt showed (product, FAQ pool, room), then every successful tool result that
+    no hook found tainted.
+    Viewer comments and earlier replies are not facts. `calls` counts the executor calls of each
+    canonical tool that were started and did not fail (so far or still running): what a rule of
+    the form "at most N per request" counts, retries after failures not included. `memo` is
+    scratch space for checks that
     derive something from the facts once per run (keys are the check library's own).
     """
 
@@ -66,6 +75,7 @@ class HookContext:
     loaded_skills: list[str] = dataclasses.field(default_factory=list)
     performed: set[str] = dataclasses.field(default_factory=set)
     pending: set[str] = dataclasses.field(default_factory=set)
+    calls: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     memo: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 
 import jsonschema
 
@@ -204,6 +205,34 @@ def _check_hooks(harness: Harness, canonical: set[str], out: list[Problem]) -> N
         out.append(Problem(file, "fallback.on_failure", "must be 'conservative' or 'suppress'"))
 
 
+def _check_side_effect_rules(harness: Harness, renames: RenameMap, out: list[Problem]) -> None:
+    """Every side-effect tool has its rule in `injection_guard`'s `params.side_effects` (when
+    the hook states rules), naming canonical Skills that allow the tool."""
+    spec, file = harness.hooks, harness.hooks.source or "hooks"
+    rule = next((h for h in spec.hooks if h.name == "injection_guard"), None)
+    rules = rule.params.get("side_effects") if rule is not None else None
+    if not isinstance(rules, Mapping):
+        return
+    field = "hooks[injection_guard].params.side_effects"
+    effects = {renames.canonical_tool(t.name): t.name for t in harness.tools if t.side_effects}
+    for tool in sorted(set(effects) - set(rules)):
+        out.append(Problem(file, field, f"the side-effect tool {tool!r} has no rule"))
+    for tool, r in rules.items():
+        if tool not in effects:
+            out.append(Problem(file, f"{field}.{tool}", "names no side-effect tool of the Harness"))
+            continue
+        for name in r.get("skills", ()) if isinstance(r, Mapping) else ():
+            skill = harness.skill(renames.surface_skill(name))
+            if skill is None or effects[tool] not in skill.allowed_tools:
+                out.append(
+                    Problem(
+                        file,
+                        f"{field}.{tool}.skills",
+                        f"{name!r} is not a Skill of the Harness that allows {tool}",
+                    )
+                )
+
+
 def validate_harness(harness: Harness, renames: RenameMap | None = None) -> list[Problem]:
     """Every consistency problem of `harness` (see module docstring)."""
     renames = renames or RenameMap()
@@ -213,6 +242,7 @@ def validate_harness(harness: Harness, renames: RenameMap | None = None) -> list
     _check_prompt(harness, out)
     canonical = {renames.canonical_tool(t) for t in harness.tool_names}
     _check_hooks(harness, canonical, out)
+    _check_side_effect_rules(harness, renames, out)
     for flow in FLOW_TOOLS:
         if flow not in canonical:
             out.append(
