@@ -8,9 +8,11 @@ look-alike letters, invisible characters, case, spaced or leet letters, spaces i
 a friendly prefix. Benign texts are the caller's (the simulator's comments, the world's
 strings) plus `data/guard/benign.yaml`. The model is scikit-learn's logistic regression
 (liblinear, fixed seed) over the detector's own hashed n-grams, exported to numpy arrays; the
-threshold sits a margin above the highest benign logit, so every benign training text stays
-unflagged. The held-out files (`HELDOUT`, `heldout_benign.yaml`) are only read for
-evaluation. scikit-learn and OpenCC are imported when training, never by the runtime.
+threshold sits a margin above the highest benign logit (obfuscated copies aside: a
+letter-spaced JSON key is no text anyone sends; `negatives_flagged` counts them all). The
+held-out files (`HELDOUT`, `heldout_benign.yaml`) are only read for evaluation. This module
+imports scikit-learn and OpenCC when training; the detector's runtime (`_detector`) needs numpy
+and the guardrails' fold only.
 """
 
 from __future__ import annotations
