@@ -12,10 +12,10 @@ global batch, calls the step, and then:
   (`data_seconds`: sampling, for an on-policy source) and the step itself
   (`learn_seconds`; with an on-policy source each step is awaited, since the next batch
   needs its weights, so the two are timed apart));
-- immediately, with the new state, runs the hooks due at this step: checkpoints every
-  `checkpoint_every` steps (with the data-iterator state and the configs), evaluation every
-  `eval_every` steps and at the last step, plots with each checkpoint, and any hook added
-  with `add_hook`.
+- immediately, with the new state, runs the hooks due at this step: evaluation every
+  `eval_every` steps and at the last step, then checkpoints every `checkpoint_every` steps
+  (with the data-iterator state and the configs; after the evaluation, so a checkpoint's
+  step is fully logged), plots with each checkpoint, and any hook added with `add_hook`.
 
 `resume` puts the trainer where the newest readable checkpoint left a run (state, data
 position, metrics file, what is already saved). SIGTERM (and Orbax's multi-host preemption
@@ -238,10 +238,13 @@ class Trainer:
         self.preempted = False
         self._stop = threading.Event()
         self._hooks: list[_Hook] = []
-        if checkpoints is not None:
-            self.add_hook(Trainer.save_checkpoint, every=config.checkpoint_every, name="checkpoint")
+        # Evaluation before the checkpoint of the same step: a committed checkpoint then
+        # implies its step's evaluation is logged, so a run killed between the two and
+        # resumed from that checkpoint does not go on without the evaluation.
         if self.evaluations and config.eval_every:
             self.add_hook(Trainer.evaluate, every=config.eval_every, name="eval")
+        if checkpoints is not None:
+            self.add_hook(Trainer.save_checkpoint, every=config.checkpoint_every, name="checkpoint")
 
     def set_state(self, state: TrainState) -> None:
         """Starts (or continues) from `state`."""

@@ -247,3 +247,33 @@ def test_shared_state_takes_the_one_position_every_process_saved():
     assert shared_state([own, dict(own)], "RLSource") == own
     with pytest.raises(ValueError, match="RLSource: the processes' saved positions differ"):
         shared_state([own, {"rollouts": 2, "seed": 0}], "RLSource")
+
+
+def test_a_run_killed_in_an_evaluation_resumes_with_that_evaluation(tmp_path):
+    """Evaluation runs before the checkpoint of its step: a run that dies inside it resumes
+    from the checkpoint before, so no step's evaluation goes missing."""
+    calls = []
+
+    def probe(model, crash_at=None):
+        calls.append(None)
+        if len(calls) == crash_at:
+            raise _Crash("killed inside the evaluation")
+        return {"probe": float(np.asarray(model.embed_tokens.embedding.value).sum())}
+
+    config = _config(total_steps=9, eval_every=3, checkpoint_every=3)
+
+    def run(name, evaluation):
+        return run_sft(config, run_dir=tmp_path / name, model_fn=_model_fn, data=_source(),
+                       eval_data=lambda: _source(seed=7), model_evaluations=[evaluation])  # fmt: skip
+
+    run("straight", probe)
+    calls.clear()
+    with pytest.raises(_Crash):
+        run("killed", lambda model: probe(model, crash_at=2))  # dies evaluating step 6
+    result = run("killed", probe)
+    assert result.resumed_from == 3
+    clocks = ("time", "seconds", "per_second")
+    a, b = ([{k: v for k, v in r.items() if not k.endswith(clocks)} for r in read_metrics(d)]
+            for d in (tmp_path / "straight", tmp_path / "killed"))  # fmt: skip
+    assert [r["step"] for r in b if "eval/probe" in r] == [3, 6, 9]
+    assert a == b
