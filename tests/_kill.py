@@ -11,6 +11,7 @@ goes on beside the killed one, so a test takes about the time of one run plus a 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
@@ -68,6 +69,20 @@ def logged_steps(run_dir: pathlib.Path) -> list[int]:
     return steps
 
 
+def past_a_checkpoint(run_dir: pathlib.Path) -> bool:
+    """A checkpoint is committed and a record of a later step is logged."""
+    committed, logged = committed_steps(run_dir), logged_steps(run_dir)
+    return bool(committed and logged) and max(logged) > committed[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Killed:
+    """What a killed run's directory held just after the kill."""
+
+    committed: list[int]  # committed checkpoints' steps
+    logged: list[int]  # steps of its metrics records
+
+
 def without_clocks(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "time" and not k.endswith(_CLOCK_SUFFIXES)}
             for r in records]  # fmt: skip
@@ -93,13 +108,14 @@ def kill_and_resume(
     tmp_path: pathlib.Path,
     make_command: Callable[[pathlib.Path], list[str]],
     kill_when: Callable[[pathlib.Path], bool],
-) -> tuple[pathlib.Path, pathlib.Path, str]:
+) -> tuple[pathlib.Path, pathlib.Path, Killed, str]:
     """Runs `make_command(run_dir)` straight through in `tmp_path/straight` and, beside it, in
     `tmp_path/killed`: SIGKILL as soon as `kill_when(run_dir)` holds (polled every 20 ms),
     then the same command again to its end.
 
     Returns:
-      `(straight, killed)` run directories and the resumed run's output.
+      `(straight, killed)` run directories, what the killed one held when it was killed, and
+      the resumed run's output.
     """
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     reference = _start(make_command(straight), tmp_path / "straight.log")
@@ -115,10 +131,11 @@ def kill_and_resume(
         time.sleep(0.02)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait() == -signal.SIGKILL
+    at_kill = Killed(committed_steps(killed), logged_steps(killed))
     resumed = _finish(_start(make_command(killed), tmp_path / "resumed.log"),
                       tmp_path / "resumed.log", "the resumed run")  # fmt: skip
     _finish(reference, tmp_path / "straight.log", "the uninterrupted run")
-    return straight, killed, resumed
+    return straight, killed, at_kill, resumed
 
 
 def assert_same_metrics(straight: pathlib.Path, killed: pathlib.Path) -> list[dict]:

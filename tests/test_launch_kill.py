@@ -34,7 +34,7 @@ def test_sft_killed_after_a_checkpoint_resumes_to_the_same_run(tmp_path):
                      trainer__batch_size=1, trainer__seq_len=5120, trainer__log_every=1,
                      trainer__checkpoint_every=2, trainer__progress=False,
                      trainer__plots=False)  # fmt: skip
-    straight, killed, resumed = _kill.kill_and_resume(
+    straight, killed, at_kill, resumed = _kill.kill_and_resume(
         tmp_path,
         lambda run_dir: _kill.command("sft", "configs/sft_demo.py", run_dir, **overrides),
         _past_checkpoint(2, 3),
@@ -42,4 +42,29 @@ def test_sft_killed_after_a_checkpoint_resumes_to_the_same_run(tmp_path):
     assert "resumed from step 2" in resumed
     records = _kill.assert_same_metrics(straight, killed)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
+    _kill.assert_same_params(straight, killed)
+
+
+@pytest.mark.slow
+def test_mtp_killed_after_a_checkpoint_resumes_to_the_same_run(tmp_path):
+    # A random policy's rollouts of 2 prompts, one row per step (the pool cycles, so
+    # checkpoints fall inside its epochs), 40 steps of milliseconds with a checkpoint and a
+    # held-out evaluation every 5: killed as soon as a checkpoint is committed and a later
+    # step logged, somewhere in steps 5-35.
+    overrides = dict(data__heldout_instructions=4, data__max_prompt_len=96,
+                     rollout__batch_size=2, rollout__batches=1, rollout__eval_batches=1,
+                     rollout__max_new_tokens=8, trainer__total_steps=40, trainer__batch_size=1,
+                     trainer__seq_len=104, trainer__log_every=1, trainer__eval_every=5,
+                     trainer__checkpoint_every=5, trainer__progress=False,
+                     trainer__plots=False, measure_speculative=False,
+                     export__hf_dir="")  # fmt: skip
+    straight, killed, at_kill, _ = _kill.kill_and_resume(
+        tmp_path,
+        lambda run_dir: _kill.command("mtp", "configs/mtp_demo.py:random", run_dir, **overrides),
+        _kill.past_a_checkpoint,
+    )
+    assert at_kill.committed and at_kill.committed[-1] < 40, at_kill
+    records = _kill.assert_same_metrics(straight, killed)
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 41))
+    assert [r["step"] for r in records if "eval/loss" in r] == list(range(5, 41, 5))
     _kill.assert_same_params(straight, killed)
