@@ -30,6 +30,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900
 # Figures that are clocks or rates of a clock: they differ between any two runs.
 _CLOCK_SUFFIXES = ("seconds", "per_second")
+# Figures of the process, not of the run: the sampler programs this process has compiled so far
+# (a resumed process has not compiled the held-out evaluation's program of step 0 yet).
+_PROCESS_FIGURES = ("sampler_programs",)
 
 
 def command(stage: str, config: str, run_dir: pathlib.Path, **overrides) -> list[str]:
@@ -84,8 +87,12 @@ class Killed:
 
 
 def without_clocks(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "time" and not k.endswith(_CLOCK_SUFFIXES)}
-            for r in records]  # fmt: skip
+    """The records without their clocks and the figures of the process that wrote them."""
+
+    def kept(name: str) -> bool:
+        return name != "time" and not name.endswith(_CLOCK_SUFFIXES + _PROCESS_FIGURES)
+
+    return [{k: v for k, v in r.items() if kept(k)} for r in records]
 
 
 def _start(cmd: list[str], log: pathlib.Path) -> subprocess.Popen:

@@ -68,3 +68,25 @@ def test_mtp_killed_after_a_checkpoint_resumes_to_the_same_run(tmp_path):
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 41))
     assert [r["step"] for r in records if "eval/loss" in r] == list(range(5, 41, 5))
     _kill.assert_same_params(straight, killed)
+
+
+@pytest.mark.slow
+def test_opd_killed_after_a_checkpoint_resumes_to_the_same_run(tmp_path):
+    # A random student toward a random teacher on the bundled prompts, 12 steps (each samples
+    # its own rows with the current weights), a checkpoint every 2 and the held-out
+    # evaluation every 3: killed once a checkpoint is committed and a later step logged.
+    overrides = dict(data__heldout_instructions=4, data__max_prompt_len=44,
+                     sampling__max_new_tokens=8, eval__samples=1, trainer__total_steps=12,
+                     trainer__batch_size=4, trainer__seq_len=52, trainer__log_every=1,
+                     trainer__eval_every=3, trainer__checkpoint_every=2,
+                     trainer__progress=False, trainer__plots=False)  # fmt: skip
+    straight, killed, at_kill, _ = _kill.kill_and_resume(
+        tmp_path,
+        lambda run_dir: _kill.command("opd", "configs/opd_demo.py:random", run_dir, **overrides),
+        _kill.past_a_checkpoint,
+    )
+    assert at_kill.committed and at_kill.committed[-1] < 12, at_kill
+    records = _kill.assert_same_metrics(straight, killed)
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))
+    assert [r["step"] for r in records if len(r) > 1 and "loss" not in r] == [0, 3, 6, 9, 12]
+    _kill.assert_same_params(straight, killed)
