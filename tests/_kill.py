@@ -139,6 +139,7 @@ def kill_and_resume(
     victim.send_signal(signal.SIGKILL)
     assert victim.wait() == -signal.SIGKILL
     at_kill = Killed(committed_steps(killed), logged_steps(killed))
+    print(f"killed holding checkpoints {at_kill.committed}, records of {at_kill.logged}")
     resumed = _finish(_start(make_command(killed), tmp_path / "resumed.log"),
                       tmp_path / "resumed.log", "the resumed run")  # fmt: skip
     _finish(reference, tmp_path / "straight.log", "the uninterrupted run")

@@ -90,3 +90,28 @@ def test_opd_killed_after_a_checkpoint_resumes_to_the_same_run(tmp_path):
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))
     assert [r["step"] for r in records if len(r) > 1 and "loss" not in r] == [0, 3, 6, 9, 12]
     _kill.assert_same_params(straight, killed)
+
+
+@pytest.mark.slow
+def test_rl_killed_inside_a_rollout_resumes_to_the_same_run(tmp_path):
+    # HSA-RL of a random micro policy in the micro live room: one scenario's group of 2
+    # episodes per rollout, 2 updates of 4 rows each per rollout, a checkpoint every update
+    # (so every other one falls inside a rollout). Killed as soon as a checkpoint is
+    # committed: right after update 1 (the resumed run trains on that rollout's saved rows)
+    # or while the second rollout is being sampled.
+    overrides = dict(policy__kind="random", policy__path="", model__preset="micro",
+                     sim__room="micro", sim__max_rounds=2, rollout__scenarios=1,
+                     rollout__group_size=2, rollout__max_tokens=8, eval__scenarios=1,
+                     eval__trajectories=1, trainer__total_steps=4, trainer__batch_size=4,
+                     trainer__seq_len=2048, trainer__log_every=1, trainer__eval_every=0,
+                     trainer__checkpoint_every=1, trainer__progress=False,
+                     trainer__plots=False)  # fmt: skip
+    straight, killed, at_kill, _ = _kill.kill_and_resume(
+        tmp_path,
+        lambda run_dir: _kill.command("rl", "configs/rl_demo.py:hsa", run_dir, **overrides),
+        lambda run_dir: bool(_kill.committed_steps(run_dir)),
+    )
+    assert at_kill.committed and at_kill.committed[-1] < 4, at_kill
+    records = _kill.assert_same_metrics(straight, killed)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+    _kill.assert_same_params(straight, killed)
