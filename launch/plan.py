@@ -10,6 +10,10 @@ An SFT config plans the policy's train step. An OPD config plans the student's t
 with the frozen teacher on the same mesh (its weights in its own dtype, no gradients or
 optimiser state), and the sampling phase between steps: the whole train state resident plus
 the sampler's caches and temporaries for a step's prompts; the peak is the larger of the two.
+The sampler splits its rows and caches over the mesh's data-like axes (`models.Sampler` on
+sharded weights); the table gives the caches' bytes per device and the sampling phase's
+headroom on the device (`--config.sampling.sample_chunk=0` / `--config.rollout.sample_chunk=0`
+plans a step's whole batch in one call).
 An RL config plans the policy's step (and the frozen reference when `kl_coef` > 0) and one
 lockstep round of its rollouts: every episode of a rollout decoding at once, contexts of up to
 `seq_len` tokens.
@@ -196,8 +200,9 @@ def main(argv):
     rows = [
         "| devices x HBM | layout (data, fsdp, expert, tensor) | params | tokens/device/micro | "
         "micro | state GiB | arguments GiB | outputs GiB (aliased) | temporaries GiB | "
-        "peak GiB | fits | largest buffer | compile s | sampling peak GiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "peak GiB | fits | largest buffer | compile s | sampling peak GiB | "
+        "sampling cache GiB | sampling headroom |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for devices, hbm in setups:
         for layout in _LAYOUTS.value:
@@ -213,7 +218,8 @@ def main(argv):
                 f"{plan.outputs / GIB:.1f} ({plan.aliased / GIB:.1f}) | "
                 f"{plan.temporaries / GIB:.1f} | {plan.peak / GIB:.1f} | "
                 f"{'yes' if plan.fits(hbm * 1e9) else 'no'} | {big} | {plan.compile_seconds:.0f} | "
-                f"{plan.sampling_peak / GIB:.1f} |"
+                f"{plan.sampling_peak / GIB:.1f} | {plan.sampling_cache / GIB:.2f} | "
+                f"{1 - plan.sampling_peak / (hbm * 1e9):.0%} |"
             )
             print(rows[-1], flush=True)
     table = "\n".join(rows)

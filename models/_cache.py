@@ -32,6 +32,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from hat_jax.sharding import constrain
 from models import _params as P
 from models._config import QwenConfig
 from models._positions import Segments
@@ -223,7 +224,14 @@ def cache_logical_axes(cache: Cache) -> Cache:
             state=(P.LAYERS, "batch", None, P.DELTA_V_HEADS, P.DELTA_K_DIM, P.DELTA_V_DIM),
         )
 
-    return Cache(end=("batch",), layers=tuple(layer(e) for e in cache.layers))
+    return Cache(end=("batch",), layers=tuple(layer(e) for e in cache.layers), empty=cache.empty)
+
+
+def constrain_cache(cache: Cache) -> Cache:
+    """The cache with every array pinned to the layout its logical axes ask for under the
+    active sharding rules (`hat_jax.sharding.constrain`: rows over the batch axes when
+    sampling on a mesh); the cache itself without a mesh."""
+    return jax.tree.map(constrain, cache, cache_logical_axes(cache))
 
 
 def compact_rows(x: jax.Array, lead: jax.Array) -> jax.Array:

@@ -17,16 +17,24 @@ no filter: what a training forward pass on the same tokens computes, the old log
 GRPO/GSPO). `rows()` lays prompt and completion out as training rows with the sampled-vs-forced
 mask: 1 on tokens the policy sampled, 0 on the prompt (forced) and padding.
 
+On a mesh (weights sharded as in training, e.g. on a stage driver's mesh, or `mesh=...`)
+the call's rows are split over the data-like mesh axes by `hat_jax.sharding.SAMPLING_RULES`
+(`batch` -> `data`, `fsdp`): the batch bucket is rounded up to a multiple of that split, the
+request arrays are placed row-sharded, and the program traces under those rules, so the
+caches (attention keys and values, DeltaNet conv and recurrent states) are created, filled
+and carried through the decode loop sharded by rows (`models._sampler_loop`). Each device
+holds its rows' caches only; the weights stay as they are.
+
 In a job of several JAX processes the weights span every process's devices and a call is
 one program across the job: every process calls with the same prompts, settings and seed
-(gather them with `hat_jax.sharding.all_process_rows`), and every process gets every row.
+(gather them with `hat_jax.sharding.all_process_rows`), and every process gets every row
+(the small output buffers are gathered; the caches never leave their devices).
 A call whose inputs differ between processes raises an error naming them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,7 +43,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hat_jax.sharding import check_same_on_all_processes, to_host
+from hat_jax.sharding import (
+    SAMPLING_RULES,
+    check_same_on_all_processes,
+    data_parallel_size,
+    logical_to_spec,
+    to_host,
+    use_rules,
+)
 from models import _sampler_loop as loop
 from models._model import Qwen
 from models._mtp import MTPHead
@@ -137,6 +152,16 @@ def _graph_for(model: nnx.Module, overrides: Mapping[str, Any] | None) -> nnx.Gr
     return other
 
 
+def _mesh_of(state: Any) -> jax.sharding.Mesh | None:
+    """The mesh of the first array of `state` that is laid out on one of more than one
+    device (None: the weights are on a single device)."""
+    for leaf in jax.tree.leaves(state):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
+            return sharding.mesh
+    return None
+
+
 def shared_prefix_length(prompts: Sequence[Sequence[int]], *, multiple: int = 512) -> int:
     """The longest prefix every prompt shares, rounded down to a multiple of `multiple` (so a
     handful of prefix shapes are compiled) and leaving each row one token of its own: the
@@ -169,6 +194,8 @@ class Sampler:
             The draft head's steps use them too.
         max_length: the cap on prompt plus generated tokens per row (default: the model's
             `max_position_embeddings`); buckets never exceed it and longer requests fail.
+        mesh: the mesh whose data-like axes split the rows and caches (default: the mesh the
+            model's weights are sharded on, if any; None for weights on one device).
     """
 
     def __init__(
@@ -181,6 +208,7 @@ class Sampler:
         min_bucket: int = 16,
         decode_overrides: Mapping[str, Any] | None = None,
         max_length: int | None = None,
+        mesh: jax.sharding.Mesh | None = None,
     ):
         max_length = max_length or model.config.max_position_embeddings
         if min_bucket < 1 or max_length < 2:
@@ -200,12 +228,23 @@ class Sampler:
             _graph_for(mtp, decode_overrides) if num_draft_tokens else None,
         )
         self._states = (nnx.state(model), nnx.state(mtp) if num_draft_tokens else None)
+        self.mesh = mesh if mesh is not None else _mesh_of(self._states[0])
+        self._rows_multiple = (
+            1 if self.mesh is None else data_parallel_size(self.mesh, SAMPLING_RULES)
+        )
         self._traces = 0
         self._compiled = jax.jit(
-            functools.partial(loop.generate, on_trace=self._count_trace),
+            self._generate,
             static_argnames=("strategy", "gen_slots", "num_draft_tokens"),
             static_argnums=(0,),
         )
+
+    def _generate(self, *args, **kwargs) -> loop.LoopState:
+        """`loop.generate`, traced under the sampling rules on the mesh (if any)."""
+        if self.mesh is None:
+            return loop.generate(*args, on_trace=self._count_trace, **kwargs)
+        with use_rules(SAMPLING_RULES, self.mesh):
+            return loop.generate(*args, on_trace=self._count_trace, **kwargs)
 
     def _count_trace(self) -> None:
         self._traces += 1
@@ -223,6 +262,29 @@ class Sampler:
         if mtp is not None and self.num_draft_tokens:
             head_state = nnx.state(mtp)
         self._states = (target_state, head_state)
+
+    def _place(self, req: loop.Request) -> loop.Request:
+        """The request's host arrays as device arrays: on the mesh, global arrays with the
+        per-row ones split by rows (every process holds the same values, checked in
+        `__call__`) and the stop tokens replicated."""
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, req)
+
+        def put(x, names):
+            spec = logical_to_spec(names, SAMPLING_RULES, self.mesh, x.shape)
+            sharding = jax.sharding.NamedSharding(self.mesh, spec)
+            return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+        def rows(x):
+            return put(x, ("batch",) + (None,) * (x.ndim - 1))
+
+        return loop.Request(
+            prompt_ids=rows(req.prompt_ids),
+            prompt_lengths=rows(req.prompt_lengths),
+            max_lengths=rows(req.max_lengths),
+            stop_tokens=put(req.stop_tokens, (None,)),
+            params=jax.tree.map(rows, req.params),
+        )
 
     def _check(self, prompts, max_new, stop_tokens) -> None:
         """Raises ValueError naming the first bad row or value."""
@@ -247,8 +309,9 @@ class Sampler:
             raise ValueError(f"Sampler: stop tokens {bad_stops} outside [0, {self.vocab_size})")
 
     def _request(self, prompts, max_new, sampling, stop_tokens) -> tuple[loop.Request, int]:
+        """The bucketed request as host (numpy) arrays, and the generation slots."""
         batch = len(prompts)
-        rows_b = bucket(batch, 1)
+        rows_b = -(-bucket(batch, 1) // self._rows_multiple) * self._rows_multiple
         lengths = [len(p) for p in prompts]
         length_b = min(bucket(max(lengths), self.min_bucket), self.max_length)
         gen_b = min(bucket(max(max_new), self.min_bucket), self.max_length)
@@ -259,11 +322,13 @@ class Sampler:
         stops = np.full((bucket(max(len(stop_tokens), 1), 4),), -1, np.int32)
         stops[: len(stop_tokens)] = stop_tokens
         req = loop.Request(
-            prompt_ids=jnp.asarray(ids),
-            prompt_lengths=jnp.asarray(lengths + [1] * fill, jnp.int32),
-            max_lengths=jnp.asarray(list(max_new) + [1] * fill, jnp.int32),
-            stop_tokens=jnp.asarray(stops),
-            params=SamplingArrays.from_rows(list(sampling) + [Sampling()] * fill),
+            prompt_ids=ids,
+            prompt_lengths=np.asarray(lengths + [1] * fill, np.int32),
+            max_lengths=np.asarray(list(max_new) + [1] * fill, np.int32),
+            stop_tokens=stops,
+            params=jax.tree.map(
+                np.asarray, SamplingArrays.from_rows(list(sampling) + [Sampling()] * fill)
+            ),
         )
         return req, gen_b
 
@@ -325,7 +390,7 @@ class Sampler:
         state = self._compiled(
             self._graphs,
             self._states,
-            req,
+            self._place(req),
             key,
             prefix,
             strategy=strategy or strategy_for(rows),
@@ -366,7 +431,7 @@ class Sampler:
         return self._compiled.lower(
             self._graphs,
             self._states,
-            req,
+            self._place(req),
             jax.random.key(0),
             strategy=strategy_for([sampling]),
             gen_slots=gen_slots,

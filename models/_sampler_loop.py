@@ -13,6 +13,13 @@ t < n - 1, while `DraftState` lists the pairs still to feed. One iteration:
 3. exact acceptance keeps a drafts and draws one more token c (`speculative_accept`);
 4. the target's cache is rewound to x_n, d_1 .. d_a and the head's to its last exact pair;
    the pairs (G_0, d_1) .. (G_a, c), G the target's hidden states of the block, are pending.
+
+Sharding: every array of the loop state is batch-major, and `_pin` constrains it by logical
+names (`batch` first; the caches by `cache_logical_axes`) where it is created — each empty or
+tiled cache, the state after prefill — and at the end of every step, so the while loop's
+carry keeps the layout. Under `hat_jax.sharding.use_rules(SAMPLING_RULES, mesh)` (the
+`Sampler` on sharded weights) the rows, and with them the caches, are split over the data-like
+mesh axes and never gathered; without a mesh every constraint is a no-op.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models._cache import Cache
+from hat_jax.sharding import constrain
+from models._cache import Cache, constrain_cache
 from models._sampling import (
     SamplingArrays,
     Strategy,
@@ -81,6 +89,32 @@ class Request:
     max_lengths: jax.Array  # int32[B], 1 <= max_lengths <= G
     stop_tokens: jax.Array  # int32[S], -1 = unused
     params: SamplingArrays
+
+
+def _rows(x: jax.Array) -> jax.Array:
+    """x pinned batch-major: its leading axis over the batch axes, the rest whole."""
+    return constrain(x, ("batch",) + (None,) * (x.ndim - 1))
+
+
+def _pin(state: LoopState) -> LoopState:
+    """The loop state with every per-row array constrained batch-major (see the module
+    docstring): the caches by their logical axes, the rest by their leading axis."""
+    draft = state.draft
+    if draft is not None:
+        draft = dataclasses.replace(
+            draft,
+            hidden=_rows(draft.hidden),
+            ids=_rows(draft.ids),
+            count=_rows(draft.count),
+            cache=constrain_cache(draft.cache),
+        )
+    return dataclasses.replace(
+        state,
+        out=jax.tree.map(_rows, state.out),
+        pending=_rows(state.pending),
+        cache=constrain_cache(state.cache),
+        draft=draft,
+    )
 
 
 def _emit(out: Buffers, tokens, logprobs, policy_logprobs, count, req: Request) -> Buffers:
@@ -147,7 +181,7 @@ def prefill(target, req: Request, cache: Cache, key, strategy: Strategy, gen_slo
     state = LoopState(
         out=buffers, pending=token, cache=out.cache, key=key, steps=jnp.zeros((), jnp.int32)
     )
-    return state, out
+    return _pin(state), out
 
 
 def plain_step(target, req: Request, strategy: Strategy, state: LoopState) -> LoopState:
@@ -160,8 +194,10 @@ def plain_step(target, req: Request, strategy: Strategy, state: LoopState) -> Lo
     lp, plp = _scores(logp, logits, token)
     ones = jnp.ones_like(token)
     buffers = _emit(state.out, token[:, None], lp[:, None], plp[:, None], ones, req)
-    return dataclasses.replace(
-        state, out=buffers, pending=token, cache=out.cache, key=key, steps=state.steps + 1
+    return _pin(
+        dataclasses.replace(
+            state, out=buffers, pending=token, cache=out.cache, key=key, steps=state.steps + 1
+        )
     )
 
 
@@ -208,7 +244,7 @@ def draft_prefill(
         accepted=zero,
         verified=zero,
     )
-    return dataclasses.replace(state, draft=draft)
+    return _pin(dataclasses.replace(state, draft=draft))
 
 
 def _draft(head, target, req, strategy, draft: DraftState, keys, k):
@@ -250,13 +286,15 @@ def speculative_step(head, target, req, strategy, k: int, state: LoopState) -> L
         accepted=state.draft.accepted + jnp.sum(jnp.where(live, accepted, 0)),
         verified=state.draft.verified + jnp.sum(live.astype(jnp.int32)),
     )
-    return LoopState(
-        out=buffers,
-        pending=token,
-        cache=out.cache.rewind(k - accepted),
-        key=key,
-        steps=state.steps + 1,
-        draft=draft,
+    return _pin(
+        LoopState(
+            out=buffers,
+            pending=token,
+            cache=out.cache.rewind(k - accepted),
+            key=key,
+            steps=state.steps + 1,
+            draft=draft,
+        )
     )
 
 
@@ -270,7 +308,7 @@ def _tile(tree, batch: int):
             raise AssertionError(f"prefix cache leaf {x.shape} has no batch axis of 1 at {axis}")
         return jnp.repeat(x, batch, axis=axis)
 
-    return jax.tree.map(tile, tree)
+    return constrain_cache(jax.tree.map(tile, tree))
 
 
 def shared_prefix_cache(
@@ -322,7 +360,7 @@ def generate(
     if shared:
         cache, prefix_hidden = shared_prefix_cache(target, prefix, batch, slots, rollback=k)
     else:
-        cache = target.init_cache(batch, slots, rollback=k)
+        cache = constrain_cache(target.init_cache(batch, slots, rollback=k))
     state, out = prefill(target, req, cache, key, strategy, gen_slots)
     target = nnx.merge(decode_graph, target_state)
     if k:
@@ -332,7 +370,8 @@ def generate(
             state = draft_prefill(head, target, req, out, state, head_cache, k,
                                   prefix_last=prefix_hidden[:, -1])  # fmt: skip
         else:
-            state = draft_prefill(head, target, req, out, state, head.init_cache(batch, slots), k)
+            head_cache = constrain_cache(head.init_cache(batch, slots))
+            state = draft_prefill(head, target, req, out, state, head_cache, k)
 
         def step(s):
             return speculative_step(head, target, req, strategy, k, s)

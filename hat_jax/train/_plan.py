@@ -7,7 +7,9 @@ arguments (the state and the batch), the outputs, the outputs aliased to donated
 and the temporaries (activations, gradients, collectives' buffers). The step's peak is
 `arguments + outputs - aliased + temporaries`. An on-policy stage also samples between steps:
 its sampling program is compiled too, and that phase's peak is the resident train state
-(frozen models included) plus the sampler's caches, temporaries and outputs.
+(frozen models included) plus the sampler's caches, temporaries and outputs; the caches'
+own bytes per device (as the program lays them out: split by rows over the data-like mesh
+axes) are reported apart.
 
 The numbers are XLA's own for the backend that compiled (CPU here); a GPU compile fuses and
 schedules differently, so treat them as a close estimate and keep a margin.
@@ -52,6 +54,7 @@ class MemoryPlan:
     largest: tuple[tuple[str, int], ...] = ()
     sampling_temporaries: int = 0
     sampling_outputs: int = 0
+    sampling_cache: int = 0
 
     @property
     def step_peak(self) -> int:
@@ -108,6 +111,19 @@ def _nbytes(tree) -> int:
     return total
 
 
+def _output_cache_bytes(lowered, compiled) -> int:
+    """Bytes per device of the `cache` a sampling program returns (its decoding caches, laid
+    out as the compiled program keeps them); 0 if its output has no `cache`."""
+    shapes = getattr(lowered.out_info, "cache", None)
+    if shapes is None:
+        return 0
+    shardings = compiled.output_shardings.cache
+    total = 0
+    for shape, sharding in zip(jax.tree.leaves(shapes), jax.tree.leaves(shardings)):
+        total += math.prod(sharding.shard_shape(shape.shape)) * jnp.dtype(shape.dtype).itemsize
+    return total
+
+
 def plan_stage_step(
     driver: StageDriver,
     *,
@@ -128,10 +144,13 @@ def plan_stage_step(
     analysis = compiled.memory_analysis()
     sampling = {}
     if sampler is not None:
-        program = sampler(driver.model(state)).compile().memory_analysis()
+        lowered = sampler(driver.model(state))
+        program = lowered.compile()
+        memory = program.memory_analysis()
         sampling = dict(
-            sampling_temporaries=int(program.temp_size_in_bytes),
-            sampling_outputs=int(program.output_size_in_bytes - program.alias_size_in_bytes),
+            sampling_temporaries=int(memory.temp_size_in_bytes),
+            sampling_outputs=int(memory.output_size_in_bytes - memory.alias_size_in_bytes),
+            sampling_cache=_output_cache_bytes(lowered, program),
         )
     seconds = time.perf_counter() - start
     return MemoryPlan(

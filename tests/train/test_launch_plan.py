@@ -64,4 +64,6 @@ def test_plan_of_an_opd_config_adds_the_teacher_and_the_sampling_phase(tmp_path)
     assert "sampling peak GiB" in table.splitlines()[0]
     row = next(r for r in table.splitlines() if r.startswith("| 2 x 1 GB"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == 14 and cells[10] == "yes"  # the bytes: tests/rl/test_opd_stage.py
+    assert len(cells) == 16 and cells[10] == "yes"  # the bytes: tests/rl/test_opd_stage.py
+    # the sampler's caches per device, and the sampling phase's share of the device left free
+    assert "sampling cache GiB" in table.splitlines()[0] and cells[15].endswith("%")
