@@ -377,3 +377,18 @@ def test_a_code_the_viewer_supplies_is_not_spoken_as_valid(any_state, world, too
     policy = _figure_policy(any_state, reply)
     traj = hx.run_agent(any_state, _request(world, (comment,)), policy, tools)
     assert "8888" not in (traj.spoken or ""), traj.hook_events
+
+
+@pytest.mark.parametrize("handle", ["v1000", "lucky888", "VIP-8888"])
+def test_addressing_the_viewer_by_handle_is_not_a_claim(state, world, tools, handle):
+    reply = f"@{handle} our live-room price is ¥149."
+    request = _request(world, ("how much is the serum?",), handle=handle)
+    traj = hx.run_agent(state, request, _figure_policy(state, reply), tools)
+    assert traj.spoken == reply, traj.hook_events
+
+
+def test_a_code_like_handle_is_still_checked_when_not_a_mention(state, world, tools):
+    reply = "Code VIP-8888 is applied for you!"
+    request = _request(world, ("apply my code please",), handle="VIP-8888")
+    traj = hx.run_agent(state, request, _figure_policy(state, reply), tools)
+    assert "8888" not in (traj.spoken or ""), traj.hook_events
