@@ -258,7 +258,7 @@ def test_a_run_killed_in_an_evaluation_resumes_with_that_evaluation(tmp_path):
         calls.append(None)
         if len(calls) == crash_at:
             raise _Crash("killed inside the evaluation")
-        return {"probe": float(np.asarray(model.embed_tokens.embedding.value).sum())}
+        return {"probe": float(np.asarray(model.embed_tokens.embedding[...]).sum())}
 
     config = _config(total_steps=9, eval_every=3, checkpoint_every=3)
 
