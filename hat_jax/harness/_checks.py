@@ -12,12 +12,13 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
 
 from hat_jax.harness import _guard as guard
+from hat_jax.harness._detector import flagged as learned_flagged
 from hat_jax.harness._frozen import thaw
 from hat_jax.harness._hook_types import (
     CallSubject,
@@ -42,28 +43,18 @@ def _flagged(request: Request, *flags: str) -> Request:
 
 
 # ---------------------------------------------------------------------------------- detectors
-def learned_detector() -> Callable[[str], bool] | None:
-    """The learned injection detector (`hat_jax.harness._detector.flagged`: folded text ->
-    whether it reads as an instruction), or None where it is not installed. Consulted by
-    `detected` only, behind the lexicons."""
-    try:
-        from hat_jax.harness._detector import flagged
-    except ImportError:
-        return None
-    return flagged
-
-
 def detected(text: str, *lexicons: Any, learned: bool = True) -> str | None:
     """What flags untrusted `text` as control syntax or an instruction, or None: each lexicon
     (language -> expressions) on the folded text, then (`learned`) the learned detector on the
-    folded text when it is prose (two words, or four CJK characters). The one judgement every viewer-controlled field and every tool-output string
-    goes through, so a detector added here covers them all."""
+    folded text when it is prose (two words, or four CJK characters). The one judgement
+    every viewer-controlled field and every tool-output string goes through, so a detector
+    added here covers them all."""
     for lexicon in lexicons:
         if found := guard.search(lexicon, text):
             return found
-    if learned and _PROSE.search(text) and (flagged := learned_detector()) is not None:
+    if learned and _PROSE.search(text):
         folded = guard.fold(text)
-        if flagged(folded):
+        if learned_flagged(folded):
             return f"the learned detector: {folded[:40]!r}"
     return None
 

@@ -205,8 +205,6 @@ def test_no_field_of_a_tainted_result_is_evidence(any_state, world, tools, lang)
 
 @pytest.mark.parametrize("family,lang", [(f, lang) for f in SIDE_EFFECT_ATTACKS for lang in LANGS])
 def test_side_effects_need_a_trusted_trigger(any_state, world, tools, family, lang):
-    if family == "authority" and not hasattr(hx, "injection_flagged"):
-        pytest.skip("a claimed authority in new words is caught by the learned detector only")
     comments, handle = SIDE_EFFECT_ATTACKS[family][lang]
     spy = Spy(tools.merged(_fake_marketing()))
     request = _request(world, comments, handle)
