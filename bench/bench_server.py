@@ -1,21 +1,24 @@
-"""The local server's throughput: concurrent clients decoded together vs one at a time.
+"""The local server: time to first token and throughput, slot engine vs batch engine.
 
-`serve.server` over HTTP (uvicorn, the real routes), the same requests at concurrency 1
-(each request waits for the previous one) and at concurrency 8 (eight client threads): the
-figure is generated tokens per second of wall time, and the ratio says what batching
-concurrent requests buys. Every request samples (temperature 1) a fixed number of tokens
-(the stop token is not in the prompt's reach of a random model; with a trained checkpoint
-rows may stop early and the token counts say so). The engine is warmed up first
-(`BatchEngine.warmup`: one program per batch size). Peers are interleaved, medians printed.
+`serve.server` over HTTP (uvicorn, the real routes), streaming chat requests sent by 1, 4 and
+8 concurrent clients (each sends its next request when its answer has arrived), served once
+by the `BatchEngine` (whole batches in one compiled call: a stream is sent when its answer is
+complete) and once by the `SlotEngine` (continuous batching: requests join and leave between
+decode steps, text is streamed as it is decoded). Per engine and concurrency: generated
+tokens per second of wall time, time to first token (TTFT: the first chunk that carries
+generated text or a tool call) p50/p95, latency p50, and TTFT / latency. Every request
+samples (temperature 1) up to a fixed number of tokens (a random model rarely stops early;
+the token counts say so). Each engine is warmed up first. Medians over repeats.
 
     python -m bench server                    # a random mid-size policy exported as HF
-    python -m bench.bench_server --checkpoint runs/demo/export/hf [--requests 64] [--max_tokens 32]
+    python -m bench.bench_server --checkpoint runs/demo/export/hf [--requests 32] [--max_tokens 32]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import os
 import statistics
 import tempfile
@@ -58,10 +61,11 @@ def _render(i: int) -> str:
 
 
 def _run(url: str, model: str, requests: int, concurrency: int, max_tokens: int):
-    """(seconds, generated tokens) of `requests` chat requests sent by `concurrency` clients,
-    each sending its next request when its answer arrives (one connection per client)."""
+    """(wall seconds, generated tokens, [(ttft, latency)]) of `requests` streamed chat
+    requests sent by `concurrency` clients (one connection each)."""
     counter = iter(range(requests))
     lock = threading.Lock()
+    timings: list[tuple[float, float]] = []
 
     def client() -> int:
         tokens = 0
@@ -72,15 +76,36 @@ def _run(url: str, model: str, requests: int, concurrency: int, max_tokens: int)
                 if i is None:
                     return tokens
                 body = {"model": model, "messages": _messages(i), "temperature": 1.0,
-                        "max_tokens": max_tokens}  # fmt: skip
-                reply = http.post("/v1/chat/completions", json=body)
-                reply.raise_for_status()
-                tokens += reply.json()["usage"]["completion_tokens"]
+                        "max_tokens": max_tokens, "stream": True,
+                        "stream_options": {"include_usage": True}}  # fmt: skip
+                sent, first = time.perf_counter(), None
+                with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+                    reply.raise_for_status()
+                    for line in reply.iter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        chunk = json.loads(line[6:])
+                        if chunk.get("usage"):
+                            tokens += chunk["usage"]["completion_tokens"]
+                        for choice in chunk["choices"]:
+                            delta = choice["delta"]
+                            if first is None and any(
+                                delta.get(k) for k in ("reasoning_content", "content", "tool_calls")
+                            ):
+                                first = time.perf_counter()
+                done = time.perf_counter()
+                with lock:
+                    timings.append(((first or done) - sent, done - sent))
 
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         tokens = sum(pool.map(lambda _: client(), range(concurrency)))
-    return time.perf_counter() - start, tokens
+    return time.perf_counter() - start, tokens, timings
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def main() -> None:
@@ -88,35 +113,44 @@ def main() -> None:
     parser.add_argument("--checkpoint", default=None, help="HF or Orbax dir (default: random)")
     parser.add_argument("--size", choices=["bench", "tiny"], default="bench",
                         help="the random policy without --checkpoint")  # fmt: skip
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max_tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    levels = (1, 4, 8)
+    results: dict[tuple[str, int], list] = {}
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or _random_export(tmp, args.size)
-        served = load_served_model(checkpoint, max_length=1024)
-        with serve_in_background(create_app(served)) as url:
-            prompt = served.tokenizer.encode(_render(0), add_special_tokens=False)
-            served.engine.warmup([len(prompt)], args.max_tokens, models.Sampling())
-            figures = {1: [], 8: []}
-            for _ in range(args.repeats):
-                for c in (1, 8):
-                    seconds, tokens = _run(url, served.name, args.requests, c, args.max_tokens)
-                    figures[c].append((tokens / seconds, seconds, tokens))
-            stats = served.engine.stats.as_dict()
+        for engine in ("batch", "slots"):
+            served = load_served_model(checkpoint, max_length=1024, engine=engine,
+                                       max_batch_rows=8)  # fmt: skip
+            with serve_in_background(create_app(served)) as url:
+                prompt = served.tokenizer.encode(_render(0), add_special_tokens=False)
+                served.engine.warmup([len(prompt)], args.max_tokens, models.Sampling())
+                for _ in range(args.repeats):
+                    for c in levels:
+                        results.setdefault((engine, c), []).append(
+                            _run(url, served.name, args.requests, c, args.max_tokens)
+                        )
     print(f"checkpoint: {checkpoint if args.checkpoint else f'{args.size} random, as HF'}")
-    print(
-        f"{args.requests} requests x {args.max_tokens} tokens, load average {os.getloadavg()[0]:.1f}"
-    )
-    print(f"{'concurrency':>12} {'tokens/s':>10} {'seconds':>9} {'tokens':>7}")
-    medians = {}
-    for c, rows in figures.items():
-        rate = statistics.median(r[0] for r in rows)
-        medians[c] = rate
-        seconds = statistics.median(r[1] for r in rows)
-        print(f"{c:>12} {rate:>10.1f} {seconds:>9.2f} {rows[0][2]:>7}")
-    print(f"throughput ratio (concurrency 8 / 1): {medians[8] / medians[1]:.2f}x")
-    print(f"engine: {stats['batches']} batches, {stats['mean_batch_rows']:.2f} rows per batch")
+    print(f"{args.requests} streamed requests x up to {args.max_tokens} tokens, "
+          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"{'engine':>7} {'clients':>7} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p95':>9} "
+          f"{'latency p50':>11} {'TTFT/lat':>8}")  # fmt: skip
+    rates = {}
+    for (engine, c), runs in results.items():
+        rate = statistics.median(tokens / seconds for seconds, tokens, _ in runs)
+        timings = [t for _, _, ts in runs for t in ts]
+        ttft = [t[0] for t in timings]
+        latency = [t[1] for t in timings]
+        ratio = statistics.median(a / b for a, b in timings)
+        rates[engine, c] = rate
+        print(f"{engine:>7} {c:>7} {rate:>9.1f} {_percentile(ttft, 0.5) * 1e3:>7.0f}ms "
+              f"{_percentile(ttft, 0.95) * 1e3:>7.0f}ms {_percentile(latency, 0.5) * 1e3:>9.0f}ms "
+              f"{ratio:>8.2f}")  # fmt: skip
+    for c in levels:
+        print(f"throughput slots / batch at {c} clients: "
+              f"{rates['slots', c] / rates['batch', c]:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

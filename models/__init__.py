@@ -47,6 +47,7 @@ from models._sampling import (
     Strategy,
     speculative_accept,
 )
+from models._slots import SlotDecoder, StepOutput
 
 __all__ = [
     "AXIS_NAMES",
@@ -60,6 +61,8 @@ __all__ = [
     "QwenOutput",
     "SampleOutput",
     "Sampler",
+    "SlotDecoder",
+    "StepOutput",
     "shared_prefix_length",
     "Sampling",
     "SamplingArrays",

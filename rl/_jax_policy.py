@@ -81,6 +81,7 @@ class JaxPolicy:
             )
         if top_k < 0:
             raise ValueError(f"JaxPolicy: top_k={top_k} must be >= 0")
+        self.model = model  # the weights it samples from (`update` replaces them)
         self.tokenizer, self.top_k, self.seed = tokenizer, top_k, seed
         self.preserve_thinking = preserve_thinking
         if share_prefix < 0:
@@ -95,6 +96,7 @@ class JaxPolicy:
         """Samples from new weights of the same structure (no recompilation); `mtp`, new
         weights of a speculative sampler's draft head."""
         self.sampler.update(model, mtp)
+        self.model = model
 
     def prompt_ids(
         self,

@@ -358,6 +358,81 @@ def stream_deltas(choice: Choice, request: ChatRequest) -> Iterator[dict[str, An
         yield {"tool_calls": [{"index": j, **call}]}
 
 
+class DeltaStream:
+    """The deltas of one choice while it is being decoded (the server's token streaming).
+
+    `update(text)` takes the completion's text so far and returns the deltas it can already
+    send; `finish(choice)` returns the rest once the completion is parsed. Concatenated,
+    every `reasoning_content` and `content` delta gives `message_for`'s field exactly (tool
+    calls are sent whole at the end, as `stream_deltas` sends them).
+
+    Text is sent only while it is certain to stay: up to the first `<` (a tag: `</think>`,
+    a tool call, the end-of-turn token, any stray tag: what follows is left to the parser),
+    before the first stop string, without trailing whitespace (the parser strips it), and
+    not the last characters, which could begin a tag or a stop string. Reasoning streams
+    while the think block is open; content streams after `</think>` (or, without thinking,
+    from the start). With `separate_reasoning: false` nothing streams before the end (the
+    reasoning is wrapped into the content only once it is complete). Without thinking, a
+    model that writes `</think>` after its reply began would turn that text into reasoning
+    on parsing; the streamed content then stands as sent, and `consistent` is False.
+    """
+
+    def __init__(self, request: ChatRequest):
+        self.request = request
+        self.sent = {"reasoning_content": "", "content": ""}
+        self.consistent = True
+        self._hold = max([len(chat_format.THINK_CLOSE), *map(len, request.stop)]) - 1
+
+    def start(self) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": ""}]
+
+    def update(self, text: str) -> list[dict[str, Any]]:
+        if not self.request.separate_reasoning:
+            return []
+        ends = (*self.request.stop, "<|im_end|>", "<|endoftext|>")
+        stop = min((i for i in (text.find(s) for s in ends) if i >= 0), default=len(text))
+        safe = text[: max(min(stop, len(text) - self._hold), 0)]
+        reasoning, content = self._regions(safe)
+        out = []
+        for field, region in (("reasoning_content", reasoning), ("content", content)):
+            if region is None:
+                continue
+            ready = region.split("<", 1)[0].lstrip().rstrip()
+            sent = self.sent[field]
+            if len(ready) > len(sent) and ready.startswith(sent):
+                out.append({field: ready[len(sent) :]})
+                self.sent[field] = ready
+        return out
+
+    def _regions(self, safe: str) -> tuple[str | None, str | None]:
+        """(reasoning text, content text) of the safe text; None where nothing may stream."""
+        close = chat_format.THINK_CLOSE
+        if not self.request.enable_thinking:
+            return None, (None if safe.lstrip().startswith("<") else safe)
+        body = safe.lstrip()
+        if body.startswith(chat_format.THINK_OPEN):
+            body = body[len(chat_format.THINK_OPEN) :]
+        if close in body:
+            reasoning, content = body.split(close, 1)
+            return reasoning, content
+        return body, None
+
+    def finish(self, choice: Choice) -> list[dict[str, Any]]:
+        """The remaining deltas of the parsed choice (then each tool call whole)."""
+        message = message_for(choice, self.request)
+        out = []
+        for field in ("reasoning_content", "content"):
+            final, sent = message[field] or "", self.sent[field]
+            if not final.startswith(sent):
+                self.consistent = False
+                continue
+            if len(final) > len(sent):
+                out.append({field: final[len(sent) :]})
+        for j, call in enumerate(choice.tool_calls):
+            out.append({"tool_calls": [{"index": j, **call}]})
+        return out
+
+
 def usage(prompt_tokens: int, choices: Sequence[Choice]) -> dict[str, int]:
     completion = sum(c.completion_tokens for c in choices)
     return {

@@ -27,7 +27,7 @@ import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -65,6 +65,7 @@ class EngineStats:
     decode_seconds: float = 0.0
     accepted_length_sum: float = 0.0  # speculative decoding: sum over batches of the mean
     speculative_batches: int = 0
+    cancelled_rows: int = 0  # rows abandoned mid-decode (their clients went away)
 
     def as_dict(self) -> dict[str, float]:
         mean_accept = (
@@ -79,6 +80,7 @@ class EngineStats:
             "mean_batch_rows": self.rows / self.batches if self.batches else 0.0,
             "decode_seconds": round(self.decode_seconds, 3),
             "avg_spec_accept_length": mean_accept,
+            "cancelled_rows": self.cancelled_rows,
         }
 
 
@@ -130,6 +132,10 @@ class BatchEngine:
     @property
     def max_length(self) -> int:
         return self.sampler.max_length
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.sampler.num_draft_tokens
 
     @property
     def alive(self) -> bool:
@@ -299,3 +305,278 @@ def _power_of_two(n: int) -> int:
 def _sizes(max_rows: int) -> list[int]:
     """The batch sizes the engine decodes: powers of two up to the one holding `max_rows`."""
     return [1 << i for i in range(_power_of_two(max_rows).bit_length())]
+
+
+_WAKE = object()  # queued to wake the slot engine's worker (a cancellation)
+
+
+@dataclasses.dataclass
+class _Row:
+    """One row of a request in flight in the slot engine."""
+
+    job: _SlotJob
+    index: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _SlotJob:
+    prompts: list[list[int]]
+    max_new_tokens: int
+    sampling: models.Sampling
+    seeds: list[int]
+    future: concurrent.futures.Future
+    on_tokens: Callable[[int, list[int]], None] | None
+    results: list[Completion | None] = dataclasses.field(default_factory=list)
+    admitted: int = 0  # rows given a slot so far
+
+    def __post_init__(self):
+        self.results = [None] * len(self.prompts)
+
+
+class SlotEngine:
+    """Continuous batching over a `models.SlotDecoder`, with the `BatchEngine`'s interface.
+
+    One worker thread owns the decoder. Between decode steps it admits queued rows into the
+    free slots (a request's `n` rows each take a slot; rows of a request may start at
+    different steps), then steps every busy slot once, hands each row's new token to the
+    request's `on_tokens` callback (the server streams it) and retires rows that end, so a
+    request that arrives mid-decode starts at the next step instead of waiting for a batch,
+    and a short answer leaves without waiting for the longest one.
+
+    Each row samples with its own seed (`SlotDecoder`: the k-th token from
+    `fold_in(key(seed), k)`), so a seeded request gives the same completion whatever else
+    is decoding, and needs no call of its own. Unseeded rows draw fresh seeds from `seed`.
+
+    Args:
+        decoder: the `models.SlotDecoder` (its slots are the most rows in flight; its stop
+            tokens end rows).
+        seed: the base seed of unseeded requests.
+    """
+
+    def __init__(self, decoder: models.SlotDecoder, *, seed: int = 0):
+        self.decoder = decoder
+        self.stats = EngineStats()
+        self._seed, self._drawn = seed, 0
+        self._queue: queue.Queue[_SlotJob | None] = queue.Queue()
+        self._waiting: collections.deque[_SlotJob] = collections.deque()
+        self._slots: dict[int, _Row] = {}
+        self._cancelled: set[int] = set()  # ids of futures whose requests were abandoned
+        self._lock = threading.Lock()
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="slot-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_length(self) -> int:
+        return self.decoder.max_length
+
+    @property
+    def max_rows(self) -> int:
+        return self.decoder.slots
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return 0
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    def submit(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        sampling: models.Sampling,
+        seed: int | None = None,
+        on_tokens: Callable[[int, list[int]], None] | None = None,
+    ) -> concurrent.futures.Future:
+        """Queues rows (one per prompt) that share settings; the future gives a `Completion`
+        per row, or raises the decoder's error (e.g. a `ValueError` naming a bad row).
+        `on_tokens(row, token_ids)` is called on the worker thread as each row's tokens are
+        decoded (keep it short: it runs between decode steps; if it raises, the request
+        fails with its error). Cancelling the future frees
+        the request's slots at the next step."""
+        if not self.alive:
+            raise EngineClosedError(
+                f"SlotEngine is not running ({self._error!r})" if self._error else
+                "SlotEngine is closed"
+            )  # fmt: skip
+        if not prompts:
+            raise ValueError("SlotEngine.submit: no prompts")
+        rows = [list(map(int, p)) for p in prompts]
+        if seed is None:
+            seeds = [None] * len(rows)
+        else:  # row j of a seeded request: its own stream, the same on every call
+            seeds = [int(seed) if j == 0 else (int(seed) * 1_000_003 + j) & 0x7FFFFFFF
+                     for j in range(len(rows))]  # fmt: skip
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put(_SlotJob(rows, int(max_new_tokens), sampling, seeds, future, on_tokens))
+        return future
+
+    def cancel(self, future: concurrent.futures.Future) -> None:
+        """Abandons the request of `future` (e.g. its client went away): its rows leave their
+        slots at the next step and the future is cancelled-with-error."""
+        with self._lock:
+            self._cancelled.add(id(future))
+        if future.cancel():  # still queued
+            return
+        self._queue.put_nowait(_WAKE)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops the worker after its current step; rows in flight and queued requests fail."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout)
+        self._fail_all(EngineClosedError("SlotEngine closed before this request finished"))
+
+    def warmup(
+        self,
+        prompt_tokens: Sequence[int],
+        max_new_tokens: int,
+        sampling: models.Sampling | None = None,
+    ) -> int:
+        """Compiles admission for prompts of these lengths and the decode step, by decoding
+        placeholder prompts; returns the number of requests made. Run it before serving."""
+        pad = self.decoder.pad_id
+        settings = sampling or models.Sampling()
+        for length in prompt_tokens:
+            self.submit([[pad] * length], max_new_tokens=max_new_tokens, sampling=settings).result()
+        return len(prompt_tokens)
+
+    # The worker.
+
+    def _run(self) -> None:
+        try:
+            while True:
+                if not self._slots and not self._waiting:
+                    job = self._queue.get()  # idle: block until work arrives
+                    if job is None:
+                        return
+                    if job is not _WAKE:
+                        self._waiting.append(job)
+                if not self._drain():
+                    return
+                self._drop_cancelled()
+                self._admit()
+                if self._slots:
+                    self._step()
+        except BaseException as err:  # noqa: BLE001 - recorded, and every waiter is told
+            self._error = err
+            self._fail_all(EngineClosedError(f"SlotEngine worker died: {err!r}"))
+            raise
+
+    def _drain(self) -> bool:
+        """Moves newly queued requests to the waiting list; False once closing."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
+            if job is not _WAKE:
+                self._waiting.append(job)
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            gone, self._cancelled = self._cancelled, set()
+        if not gone:
+            return
+        for job in {id(r.job): r.job for r in self._slots.values()}.values():
+            if id(job.future) in gone:
+                self.stats.cancelled_rows += sum(r.job is job for r in self._slots.values())
+                self._fail_job(job, concurrent.futures.CancelledError("request cancelled"))
+        self._waiting = collections.deque(
+            j for j in self._waiting if id(j.future) not in gone and not j.future.cancelled()
+        )
+
+    def _admit(self) -> None:
+        for slot in self.decoder.free_slots():
+            if not self._waiting:
+                return
+            job = self._waiting[0]
+            if job.admitted == 0 and not job.future.set_running_or_notify_cancel():
+                self._waiting.popleft()
+                continue
+            j = job.admitted
+            job.admitted += 1
+            if job.admitted == len(job.prompts):
+                self._waiting.popleft()
+            seed = job.seeds[j]
+            if seed is None:
+                seed = (self._seed * 1_000_003 + self._drawn) & 0x7FFFFFFF
+                self._drawn += 1
+            start = time.perf_counter()
+            try:
+                first = self.decoder.admit(slot, job.prompts[j], max_new_tokens=job.max_new_tokens,
+                                           sampling=job.sampling, seed=seed)  # fmt: skip
+            except (ValueError, TypeError) as err:  # the request fails, the engine goes on
+                self._fail_job(job, err)
+                continue
+            self.stats.decode_seconds += time.perf_counter() - start
+            row = _Row(job, j)
+            self._emit(row, int(first.tokens[0]))
+            if first.finished[0]:
+                self._finish(row, bool(first.stopped[0]))
+            elif job.future.done():  # failed by its listener
+                self.decoder.cancel(slot)
+            else:
+                self._slots[slot] = row
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        out = self.decoder.step()
+        self.stats.decode_seconds += time.perf_counter() - start
+        self.stats.batches += 1  # a decode step: its rows are the slots that emitted
+        self.stats.rows += int(np.sum(out.emitted))
+        for slot in np.flatnonzero(out.emitted):
+            row = self._slots.get(int(slot))
+            if row is None:
+                continue
+            self._emit(row, int(out.tokens[slot]))
+            if out.finished[slot]:
+                self._slots.pop(int(slot), None)
+                self._finish(row, bool(out.stopped[slot]))
+
+    def _emit(self, row: _Row, token: int) -> None:
+        row.tokens.append(token)
+        self.stats.tokens += 1
+        if row.job.on_tokens is not None and not row.job.future.done():
+            try:
+                row.job.on_tokens(row.index, [token])
+            except Exception as err:  # noqa: BLE001 - the request fails, the engine goes on
+                self._fail_job(row.job, err)
+
+    def _finish(self, row: _Row, stopped: bool) -> None:
+        job = row.job
+        job.results[row.index] = Completion(tuple(row.tokens), stopped)
+        if all(r is not None for r in job.results) and not job.future.done():
+            job.future.set_result(list(job.results))
+
+    def _fail_job(self, job: _SlotJob, err: BaseException) -> None:
+        if job in self._waiting:
+            self._waiting.remove(job)
+        for slot, row in list(self._slots.items()):
+            if row.job is job:
+                self.decoder.cancel(slot)
+                del self._slots[slot]
+        if not job.future.done():
+            job.future.set_exception(err)
+
+    def _fail_all(self, err: BaseException) -> None:
+        jobs = [row.job for row in self._slots.values()] + list(self._waiting)
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and job is not _WAKE:
+                jobs.append(job)
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(err)

@@ -14,13 +14,16 @@ Routes:
   `tokenizer_digest` (`serve.digest`) of what is served, which the deployment replay records
   and the release gates compare with the candidate checkpoint.
 
-Concurrent requests are decoded together by `BatchEngine` (requests that arrive while a batch
-decodes join the next one). A request of a new shape bucket compiles first (seconds on CPU);
-`--warmup_prompt_tokens 2048,4096` compiles every batch size for those prompt lengths before
-serving. A stream is sent once its completion is decoded (the sampler
-decodes a whole batch in one compiled call): its chunks carry the answer a word at a time, and
-its first chunk arrives with the last, so time-to-first-token equals the request's latency on
-this server.
+Concurrent requests are decoded together. The default engine, `SlotEngine` (continuous
+batching over `models.SlotDecoder`), admits a request into a free slot between decode steps
+and retires each row when it ends, so a request never waits for a batch and a short answer
+never waits for a long one; a stream sends text as it is decoded (`api.DeltaStream`: only
+text certain to stay, tool calls whole at the end), so time-to-first-token is a fraction of
+the latency, and a client that disconnects frees its slot at the next step. `--engine batch`
+(`BatchEngine`: the requests queued during a batch decoded in one compiled call, a stream
+sent once its answer is complete) is what `--num_draft_tokens` (speculative decoding) uses.
+A request of a new prompt-length bucket compiles first (seconds on CPU);
+`--warmup_prompt_tokens 2048,4096` compiles those lengths before serving.
 
 Bad requests get OpenAI error JSON (`{"error": {"message", "type", "param", "code"}}`) with a
 4xx status: an unknown model 404 (`model_not_found`), a prompt that leaves no room or
@@ -46,7 +49,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from serve import _chat_api as api
-from serve._engine import BatchEngine, EngineClosedError
+from serve._engine import BatchEngine, EngineClosedError, SlotEngine
 
 DIGEST_KEYS = ("checkpoint_digest", "tokenizer_digest")  # what a server says it serves
 
@@ -58,7 +61,8 @@ class ServedModel:
     Attributes:
         name: the model id clients send (`/v1/models` lists it).
         tokenizer: the policy's transformers tokenizer (its chat-format tokens single tokens).
-        engine: the `BatchEngine` over the policy's sampler.
+        engine: the `SlotEngine` (continuous batching, live streaming) or `BatchEngine`
+            (whole batches; speculative decoding) over the policy.
         default_max_tokens: a request's completion limit when it sets none (capped by the room
             its prompt leaves).
         info: extra facts for `/get_server_info` (checkpoint, dtype, ...); its
@@ -67,7 +71,7 @@ class ServedModel:
 
     name: str
     tokenizer: Any
-    engine: BatchEngine
+    engine: BatchEngine | SlotEngine
     default_max_tokens: int = 2048
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -95,6 +99,14 @@ def create_app(served: ServedModel, *, api_key: str | None = None) -> Starlette:
                 status=404, param="model", code="model_not_found",
             )  # fmt: skip
         prompt_ids, budget = _prompt(served, chat)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        head = {"id": request_id, "created": int(time.time()), "model": served.name}
+        if chat.stream and isinstance(served.engine, SlotEngine):
+            return StreamingResponse(
+                _stream_live(served, head, chat, prompt_ids, budget),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         future = served.engine.submit(
             [prompt_ids] * chat.n, max_new_tokens=budget, sampling=chat.sampling, seed=chat.seed
         )
@@ -104,7 +116,6 @@ def create_app(served: ServedModel, *, api_key: str | None = None) -> Starlette:
             raise api.APIError(str(err), status=503, type="server_error") from None
         except ValueError as err:  # the sampler refused a row it was given
             raise api.APIError(str(err)) from None
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
         choices = [
             api.choice_for(
                 served.tokenizer.decode(list(row.token_ids), skip_special_tokens=False),
@@ -116,7 +127,6 @@ def create_app(served: ServedModel, *, api_key: str | None = None) -> Starlette:
             for i, row in enumerate(rows)
         ]
         usage = api.usage(len(prompt_ids), choices)
-        head = {"id": request_id, "created": int(time.time()), "model": served.name}
         if chat.stream:
             return StreamingResponse(
                 _stream(head, choices, chat, usage),
@@ -170,7 +180,8 @@ def create_app(served: ServedModel, *, api_key: str | None = None) -> Starlette:
                 "model": served.name,
                 "max_length": served.engine.max_length,
                 "max_batch_rows": served.engine.max_rows,
-                "speculative_num_draft_tokens": served.engine.sampler.num_draft_tokens,
+                "speculative_num_draft_tokens": served.engine.num_draft_tokens,
+                "engine": type(served.engine).__name__,
                 **served.engine.stats.as_dict(),
                 **served.info,
             }
@@ -255,6 +266,74 @@ async def _stream(
     yield "data: [DONE]\n\n"
 
 
+async def _stream_live(
+    served: ServedModel,
+    head: dict[str, Any],
+    chat: api.ChatRequest,
+    prompt_ids: list[int],
+    budget: int,
+) -> AsyncIterator[str]:
+    """Streams each choice as the `SlotEngine` decodes it: deltas leave as soon as their
+    text is certain (`api.DeltaStream`), tool calls and the finish reason when the row ends.
+    A client that goes away cancels the request (its slots are freed at the next step)."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[int, list[int]] | None] = asyncio.Queue()
+
+    def on_tokens(row: int, tokens: list[int]) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, (row, tokens))
+
+    future = served.engine.submit(
+        [prompt_ids] * chat.n, max_new_tokens=budget, sampling=chat.sampling, seed=chat.seed,
+        on_tokens=on_tokens,
+    )  # fmt: skip
+    future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, None))
+
+    def event(choices_field: list[dict[str, Any]], **extra: Any) -> str:
+        chunk = {**head, "object": "chat.completion.chunk", "choices": choices_field, **extra}
+        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+    def deltas(i: int, items: list[dict[str, Any]]) -> list[str]:
+        return [event([{"index": i, "delta": d, "finish_reason": None, "logprobs": None}])
+                for d in items]  # fmt: skip
+
+    streams = [api.DeltaStream(chat) for _ in range(chat.n)]
+    tokens: list[list[int]] = [[] for _ in range(chat.n)]
+    try:
+        for i, stream in enumerate(streams):
+            for chunk in deltas(i, stream.start()):
+                yield chunk
+        while (item := await events.get()) is not None:
+            row, new = item
+            tokens[row].extend(new)
+            text = served.tokenizer.decode(tokens[row], skip_special_tokens=False)
+            for chunk in deltas(row, streams[row].update(text.rstrip("\ufffd"))):
+                yield chunk
+        try:
+            rows = future.result()
+        except Exception as err:  # noqa: BLE001 - the stream ends with the error
+            kind = "invalid_request_error" if isinstance(err, ValueError) else "server_error"
+            yield f"data: {json.dumps(api.APIError(str(err), type=kind).body())}\n\n"
+            return
+        choices = []
+        for i, row in enumerate(rows):
+            choice = api.choice_for(
+                served.tokenizer.decode(list(row.token_ids), skip_special_tokens=False),
+                stopped=row.stopped, tokens=len(row.token_ids), request=chat,
+                call_id=f"call_{head['id'][9:21]}_{i}",
+            )  # fmt: skip
+            choices.append(choice)
+            for chunk in deltas(i, streams[i].finish(choice)):
+                yield chunk
+            yield event([{"index": i, "delta": {}, "finish_reason": choice.finish_reason,
+                          "logprobs": None}])  # fmt: skip
+        if chat.include_usage:
+            yield event([], usage=api.usage(len(prompt_ids), choices))
+        yield "data: [DONE]\n\n"
+    finally:
+        if not future.done():  # the client went away mid-stream
+            served.engine.cancel(future)
+
+
 @contextlib.contextmanager
 def serve_in_background(app: Starlette, *, host: str = "127.0.0.1", port: int = 0):
     """Serves `app` with uvicorn on a thread; yields the base URL (`http://host:port`).
@@ -295,10 +374,14 @@ def load_served_model(
     batch_window_s: float = 0.02,
     default_max_tokens: int = 2048,
     seed: int = 0,
+    engine: str = "auto",
 ) -> ServedModel:
     """A `ServedModel` of a checkpoint (Orbax or HF directory; see `serve.load_jax_policy`).
 
-    `name` defaults to the checkpoint directory's name.
+    `name` defaults to the checkpoint directory's name. `engine`: "slots" (`SlotEngine`:
+    requests join and leave between decode steps, streams send tokens as they are decoded),
+    "batch" (`BatchEngine`: whole batches in one compiled call, needed for speculative
+    decoding), "auto" (slots, or batch with `num_draft_tokens`).
     """
     import pathlib
 
@@ -308,15 +391,28 @@ def load_served_model(
         checkpoint, tokenizer_dir=tokenizer_dir, dtype=dtype, max_length=max_length,
         num_draft_tokens=num_draft_tokens, mtp_dir=mtp_dir,
     )  # fmt: skip
-    engine = BatchEngine(
-        policy.sampler, policy.stop_tokens, max_rows=max_batch_rows, window_s=batch_window_s,
-        seed=seed,
-    )  # fmt: skip
+    if engine not in ("auto", "slots", "batch"):
+        raise ValueError(f"engine={engine!r}: choose auto, slots or batch")
+    if engine == "slots" and num_draft_tokens:
+        raise ValueError("engine='slots' decodes plainly; speculative decoding needs 'batch'")
+    if engine == "batch" or (engine == "auto" and num_draft_tokens):
+        served_engine: BatchEngine | SlotEngine = BatchEngine(
+            policy.sampler, policy.stop_tokens, max_rows=max_batch_rows,
+            window_s=batch_window_s, seed=seed,
+        )  # fmt: skip
+    else:
+        import models
+
+        decoder = models.SlotDecoder(
+            policy.model, slots=max_batch_rows, max_length=policy.sampler.max_length,
+            stop_tokens=policy.stop_tokens, pad_id=policy.sampler.pad_id,
+        )  # fmt: skip
+        served_engine = SlotEngine(decoder, seed=seed)
     path = pathlib.Path(checkpoint).resolve()
     return ServedModel(
         name=name or path.name,
         tokenizer=policy.tokenizer,
-        engine=engine,
+        engine=served_engine,
         default_max_tokens=default_max_tokens,
         info={**describe, "created": int(path.stat().st_mtime)},
     )
@@ -334,7 +430,7 @@ def main(argv: list[str]) -> None:
         f.checkpoint, name=f.model_name, tokenizer_dir=f.tokenizer_dir, dtype=f.dtype,
         max_length=f.max_length, num_draft_tokens=f.num_draft_tokens, mtp_dir=f.mtp_dir,
         max_batch_rows=f.max_batch_rows, batch_window_s=f.batch_window_ms / 1000,
-        default_max_tokens=f.default_max_tokens, seed=f.seed,
+        default_max_tokens=f.default_max_tokens, seed=f.seed, engine=f.engine,
     )  # fmt: skip
     lengths = [int(x) for x in f.warmup_prompt_tokens]
     if lengths:
@@ -361,7 +457,12 @@ def _define_flags() -> None:
     flags.DEFINE_integer("max_length", 8192, "Cap on prompt + completion tokens (0: model's).")
     flags.DEFINE_integer("num_draft_tokens", 0, "MTP speculative drafts per step (0: off).")
     flags.DEFINE_string("mtp_dir", None, "Orbax MTP head (default: the HF dir's mtp.*).")
-    flags.DEFINE_integer("max_batch_rows", 16, "Most rows decoded in one batch.")
+    flags.DEFINE_enum(
+        "engine", "auto", ["auto", "slots", "batch"],
+        "slots: continuous batching and live streaming; batch: whole batches (speculative "
+        "decoding); auto: slots, or batch with --num_draft_tokens.",
+    )  # fmt: skip
+    flags.DEFINE_integer("max_batch_rows", 16, "Most rows decoded together (slots or batch).")
     flags.DEFINE_float("batch_window_ms", 20.0, "How long a batch waits for more requests.")
     flags.DEFINE_integer("default_max_tokens", 2048, "Completion limit when a request has none.")
     flags.DEFINE_integer("seed", 0, "Base seed of requests that send none.")

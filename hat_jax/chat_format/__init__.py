@@ -24,7 +24,7 @@ and tools are OpenAI function schemas `{"type": "function", "function": {"name",
   malformed output as errors instead of raising.
 """
 
-from hat_jax.chat_format._format import FORMAT_TOKENS, generation_prompt
+from hat_jax.chat_format._format import FORMAT_TOKENS, THINK_CLOSE, THINK_OPEN, generation_prompt
 from hat_jax.chat_format._parse import ParsedToolCall, ParsedTurn, parse
 from hat_jax.chat_format._render import render, render_completion
 from hat_jax.chat_format._template import CHAT_TEMPLATE, chat_template_path
@@ -36,6 +36,8 @@ __all__ = [
     "ParsedToolCall",
     "ParsedTurn",
     "RenderedTokens",
+    "THINK_CLOSE",
+    "THINK_OPEN",
     "chat_template_path",
     "generation_prompt",
     "parse",

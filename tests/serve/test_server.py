@@ -13,6 +13,7 @@ Two servers:
 import concurrent.futures
 import json
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -25,7 +26,7 @@ from data.tokenizer import DEFAULT_DIR, load_tokenizer
 from hat_jax import chat_format, llm_client
 from hat_jax import harness as hx
 from serve import _chat_api, convert
-from serve._engine import BatchEngine
+from serve._engine import BatchEngine, SlotEngine
 from serve.server import ServedModel, create_app, load_served_model, serve_in_background
 
 TOOLS = [
@@ -302,7 +303,17 @@ def tiny(tokenizer, tmp_path_factory):
     model = models.Qwen(config, rngs=nnx.Rngs(0))
     hf_dir = tmp_path_factory.mktemp("tiny") / "tiny-policy"
     convert.save_hf(model, config, hf_dir, tokenizer_dir=str(DEFAULT_DIR), dtype="float32")
-    served = load_served_model(str(hf_dir), max_length=512, batch_window_s=0.1)
+    served = load_served_model(str(hf_dir), max_length=512)  # the default engine: slots
+    assert isinstance(served.engine, SlotEngine)
+    with serve_in_background(create_app(served)) as url:
+        yield url, served, hf_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_batch(tiny):
+    """The same policy served by the whole-batch engine."""
+    _, _, hf_dir = tiny
+    served = load_served_model(str(hf_dir), max_length=512, batch_window_s=0.1, engine="batch")
     with serve_in_background(create_app(served)) as url:
         yield url, served, hf_dir
 
@@ -348,8 +359,9 @@ def test_greedy_answer_equals_the_sampler_and_the_stream_reassembles(tiny, token
 
 
 @pytest.mark.slow
-def test_concurrent_requests_are_decoded_together_and_seeds_reproduce(tiny):
-    url, served, _ = tiny
+@pytest.mark.parametrize("server", ["tiny", "tiny_batch"])
+def test_concurrent_requests_are_decoded_together_and_seeds_reproduce(server, request):
+    url, served, _ = request.getfixturevalue(server)
     seeded = dict(messages=QUESTION, temperature=1.0, max_tokens=16, seed=11)
     alone = _post(url, **seeded).json()["choices"][0]["message"]
 
@@ -366,10 +378,16 @@ def test_concurrent_requests_are_decoded_together_and_seeds_reproduce(tiny):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(one, range(8)))
     assert all(r["choices"][0]["finish_reason"] in ("stop", "length") for r in replies)
-    # The seeded request is decoded on its own, so its sample does not depend on the others.
+    # A seeded request's sample does not depend on the others (the batch engine decodes it
+    # on its own; the slot engine draws each row's tokens from its own seed).
     assert replies[0]["choices"][0]["message"] == alone
-    # The seven others shared batches: far fewer sampler calls than requests.
-    assert served.engine.stats.batches - before <= 4
+    tokens = sum(r["usage"]["completion_tokens"] for r in replies)
+    if isinstance(served.engine, BatchEngine):
+        # The seven others shared batches: far fewer sampler calls than requests.
+        assert served.engine.stats.batches - before <= 4
+    else:
+        # Rows were decoded side by side: far fewer decode steps than tokens.
+        assert served.engine.stats.batches - before <= tokens / 3
 
     many = _post(url, messages=QUESTION, temperature=1.0, max_tokens=16, n=3, seed=5).json()
     assert [c["index"] for c in many["choices"]] == [0, 1, 2]
@@ -394,3 +412,58 @@ def test_speculative_serving_needs_a_draft_head(tiny):
     _, _, hf_dir = tiny
     with pytest.raises(ValueError, match="needs an MTP draft head"):
         load_served_model(str(hf_dir), num_draft_tokens=2)
+
+
+def _events(text: str) -> list:
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+@pytest.mark.slow
+def test_live_streams_of_several_rows_reassemble_to_the_plain_answer(tiny):
+    url, served, _ = tiny
+    body = dict(messages=QUESTION, tools=TOOLS, temperature=1.0, max_tokens=24, n=2, seed=3)
+    plain = _post(url, **body).json()
+    chunks = _events(_post(url, **body, stream=True,
+                           stream_options={"include_usage": True}).text)  # fmt: skip
+    assert chunks[-1]["usage"] == plain["usage"]
+    for i, choice in enumerate(plain["choices"]):
+        deltas = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        message = choice["message"]
+        for field in ("reasoning_content", "content"):
+            joined = "".join(d["delta"].get(field) or "" for d in deltas)
+            assert joined == (message[field] or ""), (i, field)
+        calls = [t for d in deltas for t in d["delta"].get("tool_calls", [])]
+        assert [c["function"] for c in calls] == [
+            c["function"] for c in message.get("tool_calls", [])
+        ]
+        assert deltas[-1]["finish_reason"] == choice["finish_reason"]
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_mid_stream_frees_its_slot(tiny):
+    url, served, _ = tiny
+    body = {"model": "tiny-policy", "messages": QUESTION, "temperature": 1.0, "max_tokens": 400}
+    seed = next(s for s in range(20)
+                if _post(url, **{**body, "seed": s}).json()["choices"][0]["finish_reason"]
+                == "length")  # a seed whose answer runs to the limit  # fmt: skip
+    stats = served.engine.stats
+    before = (stats.cancelled_rows, stats.tokens)
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={**body, "seed": seed, "stream": True},
+        timeout=600,
+    ) as reply:
+        lines = reply.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["delta"]["role"] == "assistant"
+    deadline = time.monotonic() + 60
+    while (stats.cancelled_rows == before[0] or served.engine.decoder.active.any()) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.02)
+    assert stats.cancelled_rows == before[0] + 1
+    assert stats.tokens - before[1] < 400 and not served.engine.decoder.active.any()
+    assert _post(url, messages=QUESTION, max_tokens=4).json()["choices"]
