@@ -65,7 +65,7 @@ class EngineStats:
     decode_seconds: float = 0.0
     accepted_length_sum: float = 0.0  # speculative decoding: sum over batches of the mean
     speculative_batches: int = 0
-    cancelled_rows: int = 0  # rows abandoned mid-decode (their clients went away)
+    cancelled_requests: int = 0  # requests abandoned before they ended (clients went away)
 
     def as_dict(self) -> dict[str, float]:
         mean_accept = (
@@ -80,7 +80,7 @@ class EngineStats:
             "mean_batch_rows": self.rows / self.batches if self.batches else 0.0,
             "decode_seconds": round(self.decode_seconds, 3),
             "avg_spec_accept_length": mean_accept,
-            "cancelled_rows": self.cancelled_rows,
+            "cancelled_requests": self.cancelled_requests,
         }
 
 
@@ -311,6 +311,20 @@ _WAKE = object()  # queued to wake the slot engine's worker (a cancellation)
 
 
 @dataclasses.dataclass
+class _Call:
+    """Work for the slot engine's worker thread (which owns the decoder)."""
+
+    fn: Callable[[], object]
+    future: concurrent.futures.Future
+
+    def run(self) -> None:
+        try:
+            self.future.set_result(self.fn())
+        except Exception as err:  # noqa: BLE001 - the caller gets it
+            self.future.set_exception(err)
+
+
+@dataclasses.dataclass
 class _Row:
     """One row of a request in flight in the slot engine."""
 
@@ -440,13 +454,16 @@ class SlotEngine:
         max_new_tokens: int,
         sampling: models.Sampling | None = None,
     ) -> int:
-        """Compiles admission for prompts of these lengths and the decode step, by decoding
-        placeholder prompts; returns the number of requests made. Run it before serving."""
-        pad = self.decoder.pad_id
+        """Compiles, on the worker thread, admission for prompts of these lengths and every
+        decode program such requests can need (`SlotDecoder.warmup`); returns the number of
+        programs compiled. Run it before serving (every slot must be free)."""
+        if not self.alive:
+            raise EngineClosedError("SlotEngine is not running")
+        future: concurrent.futures.Future = concurrent.futures.Future()
         settings = sampling or models.Sampling()
-        for length in prompt_tokens:
-            self.submit([[pad] * length], max_new_tokens=max_new_tokens, sampling=settings).result()
-        return len(prompt_tokens)
+        self._queue.put(_Call(lambda: self.decoder.warmup(prompt_tokens, max_new_tokens,
+                                                          settings), future))  # fmt: skip
+        return future.result()
 
     # The worker.
 
@@ -457,7 +474,9 @@ class SlotEngine:
                     job = self._queue.get()  # idle: block until work arrives
                     if job is None:
                         return
-                    if job is not _WAKE:
+                    if isinstance(job, _Call):
+                        job.run()
+                    elif job is not _WAKE:
                         self._waiting.append(job)
                 if not self._drain():
                     return
@@ -479,7 +498,9 @@ class SlotEngine:
                 return True
             if job is None:
                 return False
-            if job is not _WAKE:
+            if isinstance(job, _Call):
+                job.run()
+            elif job is not _WAKE:
                 self._waiting.append(job)
 
     def _drop_cancelled(self) -> None:
@@ -487,13 +508,13 @@ class SlotEngine:
             gone, self._cancelled = self._cancelled, set()
         if not gone:
             return
-        for job in {id(r.job): r.job for r in self._slots.values()}.values():
+        jobs = {id(r.job): r.job for r in self._slots.values()}
+        jobs.update({id(j): j for j in self._waiting})
+        for job in jobs.values():
             if id(job.future) in gone:
-                self.stats.cancelled_rows += sum(r.job is job for r in self._slots.values())
+                self.stats.cancelled_requests += 1
                 self._fail_job(job, concurrent.futures.CancelledError("request cancelled"))
-        self._waiting = collections.deque(
-            j for j in self._waiting if id(j.future) not in gone and not j.future.cancelled()
-        )
+        self._waiting = collections.deque(j for j in self._waiting if not j.future.done())
 
     def _admit(self) -> None:
         for slot in self.decoder.free_slots():
@@ -520,7 +541,7 @@ class SlotEngine:
                 continue
             self.stats.decode_seconds += time.perf_counter() - start
             row = _Row(job, j)
-            self._emit(row, int(first.tokens[0]))
+            self._emit(row, first.tokens_of(0))
             if first.finished[0]:
                 self._finish(row, bool(first.stopped[0]))
             elif job.future.done():  # failed by its listener
@@ -532,23 +553,23 @@ class SlotEngine:
         start = time.perf_counter()
         out = self.decoder.step()
         self.stats.decode_seconds += time.perf_counter() - start
-        self.stats.batches += 1  # a decode step: its rows are the slots that emitted
-        self.stats.rows += int(np.sum(out.emitted))
-        for slot in np.flatnonzero(out.emitted):
+        self.stats.batches += 1  # a decode call: its rows are the slots that emitted
+        self.stats.rows += int(np.sum(out.emitted.any(1)))
+        for slot in np.flatnonzero(out.emitted.any(1)):
             row = self._slots.get(int(slot))
             if row is None:
                 continue
-            self._emit(row, int(out.tokens[slot]))
+            self._emit(row, out.tokens_of(int(slot)))
             if out.finished[slot]:
                 self._slots.pop(int(slot), None)
                 self._finish(row, bool(out.stopped[slot]))
 
-    def _emit(self, row: _Row, token: int) -> None:
-        row.tokens.append(token)
-        self.stats.tokens += 1
+    def _emit(self, row: _Row, tokens: list[int]) -> None:
+        row.tokens.extend(tokens)
+        self.stats.tokens += len(tokens)
         if row.job.on_tokens is not None and not row.job.future.done():
             try:
-                row.job.on_tokens(row.index, [token])
+                row.job.on_tokens(row.index, tokens)
             except Exception as err:  # noqa: BLE001 - the request fails, the engine goes on
                 self._fail_job(row.job, err)
 
@@ -575,7 +596,9 @@ class SlotEngine:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None and job is not _WAKE:
+            if isinstance(job, _Call):
+                job.future.set_exception(err)
+            elif job is not None and job is not _WAKE:
                 jobs.append(job)
         for job in jobs:
             if not job.future.done():

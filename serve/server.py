@@ -375,6 +375,7 @@ def load_served_model(
     default_max_tokens: int = 2048,
     seed: int = 0,
     engine: str = "auto",
+    decode_steps_per_call: int = 8,
 ) -> ServedModel:
     """A `ServedModel` of a checkpoint (Orbax or HF directory; see `serve.load_jax_policy`).
 
@@ -406,6 +407,7 @@ def load_served_model(
         decoder = models.SlotDecoder(
             policy.model, slots=max_batch_rows, max_length=policy.sampler.max_length,
             stop_tokens=policy.stop_tokens, pad_id=policy.sampler.pad_id,
+            steps_per_call=decode_steps_per_call,
         )  # fmt: skip
         served_engine = SlotEngine(decoder, seed=seed)
     path = pathlib.Path(checkpoint).resolve()
@@ -431,6 +433,7 @@ def main(argv: list[str]) -> None:
         max_length=f.max_length, num_draft_tokens=f.num_draft_tokens, mtp_dir=f.mtp_dir,
         max_batch_rows=f.max_batch_rows, batch_window_s=f.batch_window_ms / 1000,
         default_max_tokens=f.default_max_tokens, seed=f.seed, engine=f.engine,
+        decode_steps_per_call=f.decode_steps_per_call,
     )  # fmt: skip
     lengths = [int(x) for x in f.warmup_prompt_tokens]
     if lengths:
@@ -461,6 +464,10 @@ def _define_flags() -> None:
         "engine", "auto", ["auto", "slots", "batch"],
         "slots: continuous batching and live streaming; batch: whole batches (speculative "
         "decoding); auto: slots, or batch with --num_draft_tokens.",
+    )  # fmt: skip
+    flags.DEFINE_integer(
+        "decode_steps_per_call", 8,
+        "Slot engine: decode steps per compiled call (requests are admitted between calls).",
     )  # fmt: skip
     flags.DEFINE_integer("max_batch_rows", 16, "Most rows decoded together (slots or batch).")
     flags.DEFINE_float("batch_window_ms", 20.0, "How long a batch waits for more requests.")

@@ -443,27 +443,30 @@ def test_live_streams_of_several_rows_reassemble_to_the_plain_answer(tiny):
 
 @pytest.mark.slow
 def test_a_client_that_leaves_mid_stream_frees_its_slot(tiny):
+    from serve._engine import _Call
+
     url, served, _ = tiny
+    engine = served.engine
     body = {"model": "tiny-policy", "messages": QUESTION, "temperature": 1.0, "max_tokens": 400}
-    seed = next(s for s in range(20)
-                if _post(url, **{**body, "seed": s}).json()["choices"][0]["finish_reason"]
-                == "length")  # a seed whose answer runs to the limit  # fmt: skip
-    stats = served.engine.stats
-    before = (stats.cancelled_rows, stats.tokens)
+    stats = engine.stats
+    before = (stats.cancelled_requests, stats.tokens)
+    gate, paused = threading.Event(), concurrent.futures.Future()
     with httpx.stream(
-        "POST",
-        f"{url}/v1/chat/completions",
-        json={**body, "seed": seed, "stream": True},
-        timeout=600,
+        "POST", f"{url}/v1/chat/completions", json={**body, "seed": 1, "stream": True}, timeout=600
     ) as reply:
         lines = reply.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["delta"]["role"] == "assistant"
+        # Hold the decoder between two calls while the client goes away.
+        engine._queue.put(_Call(lambda: gate.wait(30), paused))
+    time.sleep(0.5)
+    gate.set()
+    paused.result(30)
     deadline = time.monotonic() + 60
-    while (stats.cancelled_rows == before[0] or served.engine.decoder.active.any()) and (
+    while (stats.cancelled_requests == before[0] or engine.decoder.active.any()) and (
         time.monotonic() < deadline
     ):
         time.sleep(0.02)
-    assert stats.cancelled_rows == before[0] + 1
-    assert stats.tokens - before[1] < 400 and not served.engine.decoder.active.any()
+    assert stats.cancelled_requests == before[0] + 1
+    assert stats.tokens - before[1] < 400 and not engine.decoder.active.any()
     assert _post(url, messages=QUESTION, max_tokens=4).json()["choices"]

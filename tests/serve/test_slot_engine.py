@@ -69,7 +69,7 @@ def test_a_late_short_request_leaves_before_an_early_long_one(engine):
 
     def listen(row, tokens):
         heard.extend(tokens)
-        if len(heard) == 3:
+        if len(heard) >= 3:
             third.set()
 
     long = engine.submit([[1, 2, 3, 4]], max_new_tokens=60, sampling=models.GREEDY,
@@ -202,3 +202,15 @@ def test_a_failing_listener_fails_its_request_only(engine):
     assert len(engine.submit([[3]], max_new_tokens=5, sampling=models.GREEDY).result(60)[0]
                .token_ids) == 5  # fmt: skip
     assert not engine.decoder.active.any()
+
+
+def test_warmup_compiles_what_such_requests_need(model):
+    engine = SlotEngine(models.SlotDecoder(model, slots=4, max_length=128, steps_per_call=4))
+    compiled = engine.warmup([6], max_new_tokens=20)
+    assert compiled == engine.decoder.compilations["admit"] + engine.decoder.compilations["step"]
+    before = engine.decoder.compilations
+    futures = [engine.submit([[i + 1] * 6], max_new_tokens=20, sampling=models.Sampling())
+               for i in range(4)]  # fmt: skip
+    assert all(len(f.result(60)[0].token_ids) == 20 for f in futures)
+    assert engine.decoder.compilations == before  # nothing compiled while serving
+    engine.close()
