@@ -475,7 +475,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("seed", 0, "Base seed of requests that send none.")
     flags.DEFINE_list(
         "warmup_prompt_tokens", [],
-        "Before serving, compile every batch size for prompts of these lengths (tokens).",
+        "Before serving, compile the programs requests with prompts of these lengths (tokens) need.",
     )  # fmt: skip
     flags.DEFINE_integer("warmup_max_tokens", 256, "The completion limit warmup compiles for.")
 
