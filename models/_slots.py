@@ -41,12 +41,12 @@ from flax import nnx
 from models._cache import AttentionCache, Cache
 from models._model import Qwen
 from models._sampler import _graph_for, bucket
+from models._sampler_loop import _scores
 from models._sampling import (
     Sampling,
     SamplingArrays,
     Standard,
     strategy_for,
-    token_logprob,
 )
 
 _DEFAULT = Sampling()
@@ -106,11 +106,6 @@ def _draw(keys: jax.Array, count: jax.Array, logp: jax.Array) -> jax.Array:
     return jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(sub, logp).astype(jnp.int32)
 
 
-def _scores(logp, logits, tokens):
-    raw = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return token_logprob(logp, tokens), token_logprob(raw, tokens)
-
-
 def _is_stop(tokens: jax.Array, stop_tokens: jax.Array) -> jax.Array:
     return jnp.any(tokens[:, None] == stop_tokens[None, :], axis=-1)
 
@@ -155,8 +150,9 @@ def _admit(graph, weights, state: SlotState, slot, prompt, length, max_length, p
 def _step(graph, weights, state: SlotState, stop_tokens, *, strategy: Standard):
     """Feeds every active slot's pending token and samples its next one."""
     target = nnx.merge(graph, weights)
-    # Every row is fed (a padded call takes a slower path); a free slot's row takes a
-    # throwaway token and keeps its length, and admission overwrites all of it.
+    # Every row is fed, so the call needs no padding mask: a free slot's row takes a
+    # throwaway token and keeps its length (its cache contents no longer matter: admission
+    # overwrites the whole row).
     out = target(state.pending[:, None], cache=state.cache)
     cache = dataclasses.replace(
         out.cache, end=jnp.where(state.active, out.cache.end, state.cache.end)

@@ -1,4 +1,9 @@
-"""`BatchEngine`: requests from many HTTP handlers decoded together by one `models.Sampler`.
+"""The server's engines: requests from many HTTP handlers decoded together on one thread.
+
+`SlotEngine` (the server's default; see its docstring) runs continuous batching over a
+`models.SlotDecoder`: requests join and leave between decode calls and their tokens reach a
+listener as they are decoded. `BatchEngine`, described below, decodes whole batches with one
+`models.Sampler` call each (and so can decode speculatively).
 
 One worker thread owns the sampler. It takes the first waiting request and every request
 already queued, then waits up to `window_s` for more while it holds fewer rows than the largest
@@ -88,7 +93,59 @@ class EngineClosedError(RuntimeError):
     """The engine was closed, or its worker died; no request is accepted."""
 
 
-class BatchEngine:
+class _Worker:
+    """A thread that owns a model and serves a queue of work (`_serve`); closing it, or its
+    death, fails every request not finished (`_fail_pending`)."""
+
+    _queue: queue.Queue
+
+    def _start(self) -> None:
+        self._queue = queue.Queue()
+        self._closed = False
+        self._error: BaseException | None = None
+        name = type(self).__name__
+        self._thread = threading.Thread(target=self._guarded, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    def _check_open(self) -> None:
+        if not self.alive:
+            name = type(self).__name__
+            raise EngineClosedError(
+                f"{name} is not running ({self._error!r})" if self._error else f"{name} is closed"
+            )
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops the worker after the batch or decode call in progress; every request not
+        finished fails."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout)
+        name = type(self).__name__
+        self._fail_pending(EngineClosedError(f"{name} closed before this request finished"))
+
+    def _guarded(self) -> None:
+        try:
+            self._serve()
+        except BaseException as err:  # noqa: BLE001 - recorded, and every waiter is told
+            self._error = err
+            name = type(self).__name__
+            self._fail_pending(EngineClosedError(f"{name} worker died: {err!r}"))
+            raise
+
+    def _serve(self) -> None:
+        raise NotImplementedError
+
+    def _fail_pending(self, err: BaseException) -> None:
+        raise NotImplementedError
+
+
+class BatchEngine(_Worker):
     """Decodes submitted requests in batches on a worker thread (see the module docstring).
 
     Args:
@@ -120,14 +177,10 @@ class BatchEngine:
         self.max_rows, self.window_s, self.share_prefix = max_rows, window_s, share_prefix
         self.stats = EngineStats()
         self._seed, self._calls = seed, 0
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._carry: _Job | None = None  # a request that did not fit the last batch
         # Rows of the recent batches: their largest is how many clients are likely active.
         self._recent: collections.deque[int] = collections.deque([1], maxlen=8)
-        self._closed = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="batch-engine", daemon=True)
-        self._thread.start()
+        self._start()
 
     @property
     def max_length(self) -> int:
@@ -136,10 +189,6 @@ class BatchEngine:
     @property
     def num_draft_tokens(self) -> int:
         return self.sampler.num_draft_tokens
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive() and not self._closed
 
     def submit(
         self,
@@ -151,11 +200,7 @@ class BatchEngine:
     ) -> concurrent.futures.Future:
         """Queues rows (one per prompt) that share settings; the future gives a `Completion`
         per row, or raises the sampler's error (e.g. a `ValueError` naming a bad row)."""
-        if not self.alive:
-            raise EngineClosedError(
-                f"BatchEngine is not running ({self._error!r})" if self._error else
-                "BatchEngine is closed"
-            )  # fmt: skip
+        self._check_open()
         if not prompts:
             raise ValueError("BatchEngine.submit: no prompts")
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -165,33 +210,19 @@ class BatchEngine:
         self._queue.put(job)
         return future
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Stops the worker after the batch it is decoding; queued requests fail."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout)
-        self._fail_queued(EngineClosedError("BatchEngine closed before this request ran"))
-
     # The worker.
 
-    def _run(self) -> None:
-        try:
-            while True:
-                first, self._carry = self._carry or self._queue.get(), None
-                if first is None:
-                    return
-                jobs, stop = self._gather(first)
-                self._recent.append(sum(len(j.prompts) for j in jobs))
-                for group in self._groups(jobs):
-                    self._decode(group)
-                if stop:
-                    return
-        except BaseException as err:  # noqa: BLE001 - recorded, and every waiter is told
-            self._error = err
-            self._fail_queued(EngineClosedError(f"BatchEngine worker died: {err!r}"))
-            raise
+    def _serve(self) -> None:
+        while True:
+            first, self._carry = self._carry or self._queue.get(), None
+            if first is None:
+                return
+            jobs, stop = self._gather(first)
+            self._recent.append(sum(len(j.prompts) for j in jobs))
+            for group in self._groups(jobs):
+                self._decode(group)
+            if stop:
+                return
 
     def _gather(self, first: _Job) -> tuple[list[_Job], bool]:
         """`first`, what is queued, and what arrives within the window while the batch is
@@ -288,7 +319,7 @@ class BatchEngine:
             s.accepted_length_sum += out.acceptance_length
             s.speculative_batches += 1
 
-    def _fail_queued(self, err: BaseException) -> None:
+    def _fail_pending(self, err: BaseException) -> None:
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -348,7 +379,7 @@ class _SlotJob:
         self.results = [None] * len(self.prompts)
 
 
-class SlotEngine:
+class SlotEngine(_Worker):
     """Continuous batching over a `models.SlotDecoder`, with the `BatchEngine`'s interface.
 
     One worker thread owns the decoder. Between decode steps it admits queued rows into the
@@ -372,15 +403,11 @@ class SlotEngine:
         self.decoder = decoder
         self.stats = EngineStats()
         self._seed, self._drawn = seed, 0
-        self._queue: queue.Queue[_SlotJob | None] = queue.Queue()
         self._waiting: collections.deque[_SlotJob] = collections.deque()
         self._slots: dict[int, _Row] = {}
         self._cancelled: set[int] = set()  # ids of futures whose requests were abandoned
         self._lock = threading.Lock()
-        self._closed = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="slot-engine", daemon=True)
-        self._thread.start()
+        self._start()
 
     @property
     def max_length(self) -> int:
@@ -393,10 +420,6 @@ class SlotEngine:
     @property
     def num_draft_tokens(self) -> int:
         return 0
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive() and not self._closed
 
     def submit(
         self,
@@ -413,11 +436,7 @@ class SlotEngine:
         decoded (keep it short: it runs between decode steps; if it raises, the request
         fails with its error). Cancelling the future frees
         the request's slots at the next step."""
-        if not self.alive:
-            raise EngineClosedError(
-                f"SlotEngine is not running ({self._error!r})" if self._error else
-                "SlotEngine is closed"
-            )  # fmt: skip
+        self._check_open()
         if not prompts:
             raise ValueError("SlotEngine.submit: no prompts")
         rows = [list(map(int, p)) for p in prompts]
@@ -439,15 +458,6 @@ class SlotEngine:
             return
         self._queue.put_nowait(_WAKE)
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Stops the worker after its current step; rows in flight and queued requests fail."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout)
-        self._fail_all(EngineClosedError("SlotEngine closed before this request finished"))
-
     def warmup(
         self,
         prompt_tokens: Sequence[int],
@@ -457,8 +467,7 @@ class SlotEngine:
         """Compiles, on the worker thread, admission for prompts of these lengths and every
         decode program such requests can need (`SlotDecoder.warmup`); returns the number of
         programs compiled. Run it before serving (every slot must be free)."""
-        if not self.alive:
-            raise EngineClosedError("SlotEngine is not running")
+        self._check_open()
         future: concurrent.futures.Future = concurrent.futures.Future()
         settings = sampling or models.Sampling()
         self._queue.put(_Call(lambda: self.decoder.warmup(prompt_tokens, max_new_tokens,
@@ -467,41 +476,38 @@ class SlotEngine:
 
     # The worker.
 
-    def _run(self) -> None:
-        try:
-            while True:
-                if not self._slots and not self._waiting:
-                    job = self._queue.get()  # idle: block until work arrives
-                    if job is None:
-                        return
-                    if isinstance(job, _Call):
-                        job.run()
-                    elif job is not _WAKE:
-                        self._waiting.append(job)
-                if not self._drain():
-                    return
-                self._drop_cancelled()
-                self._admit()
-                if self._slots:
-                    self._step()
-        except BaseException as err:  # noqa: BLE001 - recorded, and every waiter is told
-            self._error = err
-            self._fail_all(EngineClosedError(f"SlotEngine worker died: {err!r}"))
-            raise
+    def _serve(self) -> None:
+        while True:
+            idle = not self._slots and not self._waiting
+            if idle and not self._take(self._queue.get()):  # idle: block until work arrives
+                return
+            if not self._drain():
+                return
+            self._drop_cancelled()
+            self._admit()
+            if self._slots:
+                self._step()
+
+    def _take(self, item) -> bool:
+        """Handles one queue item (a request, work for this thread, a wake-up); False for
+        the close sentinel."""
+        if item is None:
+            return False
+        if isinstance(item, _Call):
+            item.run()
+        elif item is not _WAKE:
+            self._waiting.append(item)
+        return True
 
     def _drain(self) -> bool:
-        """Moves newly queued requests to the waiting list; False once closing."""
+        """Takes every queued item without waiting; False once closing."""
         while True:
             try:
-                job = self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 return True
-            if job is None:
+            if not self._take(item):
                 return False
-            if isinstance(job, _Call):
-                job.run()
-            elif job is not _WAKE:
-                self._waiting.append(job)
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -589,7 +595,7 @@ class SlotEngine:
         if not job.future.done():
             job.future.set_exception(err)
 
-    def _fail_all(self, err: BaseException) -> None:
+    def _fail_pending(self, err: BaseException) -> None:
         jobs = [row.job for row in self._slots.values()] + list(self._waiting)
         while True:
             try:
