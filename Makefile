@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 FAKE_DEVICES := XLA_FLAGS="--xla_force_host_platform_device_count=8 $(XLA_FLAGS)"
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): one per core up to 4; each module stays in one process, so a
-# module's shared fixtures are built once. `make test TEST_WORKERS=0` runs in this process.
+# module's shared fixtures are built once, and modules go out in the order tests/conftest.py
+# gives them (the slowest first). `make test TEST_WORKERS=0` runs in this process.
 TEST_WORKERS ?= auto
 
 .PHONY: demo reproduce test bench lint format lock clean
@@ -29,7 +30,7 @@ reproduce: $(STAMP)
 	$(PY) -m launch.reproduce --config=configs/reproduce.py
 
 test: $(STAMP)
-	$(FAKE_DEVICES) $(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadscope \
+	$(FAKE_DEVICES) $(PY) -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadscope --no-loadscope-reorder \
 		--durations 25 $(PYTEST_ARGS)
 
 bench: $(STAMP)

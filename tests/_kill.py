@@ -155,10 +155,13 @@ def assert_same_metrics(straight: pathlib.Path, killed: pathlib.Path) -> list[di
     return a
 
 
-def assert_same_params(straight: pathlib.Path, killed: pathlib.Path) -> None:
-    """The latest checkpoints' parameters, bit for bit, and their model configs."""
-    a, config_a = restore_params(straight / "checkpoints")
-    b, config_b = restore_params(killed / "checkpoints")
+def assert_same_params(
+    straight: pathlib.Path, killed: pathlib.Path, directory: str = "checkpoints"
+) -> None:
+    """The parameters in the two runs' `directory` (a checkpoints folder: its latest step; or
+    a `save_params` folder), bit for bit, and their model configs."""
+    a, config_a = restore_params(straight / directory)
+    b, config_b = restore_params(killed / directory)
     assert config_a == config_b
     flat_a, flat_b = _flat(a), _flat(b)
     assert sorted(flat_a) == sorted(flat_b)

@@ -1,7 +1,8 @@
 """`launch.pipeline`: the stages wired output to input, the ablation arms as differences from
 HSA-SFT, the manifest and resume semantics (stage runners replaced by stand-ins), a failing
 stage named in the manifest and the exit status, and (slow) the whole chain on the tiny model,
-stopped between stages and killed (SIGKILL) inside one, then resumed."""
+stopped between stages and killed (SIGKILL) inside one, then resumed to the final policy of
+an uninterrupted chain, bit for bit."""
 
 import json
 import pathlib
@@ -18,6 +19,8 @@ from hat_jax import hsa, sharding
 from launch import _pipeline
 from launch import pipeline as pipeline_launch
 from launch import sft as sft_launch
+from serve.digest import checkpoint_digest
+from tests import _kill
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ONE_DEVICE = dict(devices=jax.devices()[:1])  # see tests/train/test_launch_sft.py
@@ -338,3 +341,14 @@ def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tm
     outcome = report.split("## What the final policy does", 1)[1].split("| stage |", 1)[0]
     assert re.search(r"\*\*T1\*\* \(1 items, live room \w+\): AVG \*\*[\d.]+\*\* \(95% interval",
                      outcome)  # fmt: skip
+    # The resumed pipeline's final policy is an uninterrupted pipeline's, bit for bit: the RL
+    # policy, the MTP head and the exported checkpoint (weights, config, tokenizer).
+    straight = tmp_path / "straight"
+    _pipeline.run_pipeline(c, only="base,corpus,sft,opd,rl,mtp,export",
+                           **(run | dict(workdir=str(straight))))  # fmt: skip
+    resumed = tmp_path / "run"
+    for stage, directory in (("opd", "checkpoints"), ("rl", "checkpoints"), ("mtp", "head")):
+        _kill.assert_same_params(straight / stage, resumed / stage, directory)
+    assert checkpoint_digest(straight / "export" / "hf", recompute=True) == checkpoint_digest(
+        resumed / "export" / "hf", recompute=True
+    )
