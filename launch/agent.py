@@ -155,11 +155,14 @@ def main(argv):
             f"Room {_ROOM.value}: Harness {harness.name} {harness.release} ({harness.version}); "
             f"tools: {sorted(tools)}"
         )
+        session = hx.Session()  # side-effect limits per viewer hold across the whole run
         for i, group in enumerate(groups):
             request = world.make_request(
                 group, mode=_MODE.value, history=history, request_id=f"req-{i}"
             )
-            traj = hx.run_agent(state, request, policy, tools, limits=limits, sampling=sampling)
+            traj = hx.run_agent(
+                state, request, policy, tools, limits=limits, sampling=sampling, session=session
+            )
             trajectories.append(traj)
             who = ", ".join(f"@{c.handle}" for c in traj_comments(traj))
             print(f"[{who}] {' / '.join(c.text for c in group)}")

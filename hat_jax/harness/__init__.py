@@ -25,6 +25,7 @@ from hat_jax.harness._hook_types import (
     HookContext,
     ReplyCandidate,
     ResultSubject,
+    Session,
     Verdict,
 )
 from hat_jax.harness._libraries import ContextBlocks, LibraryError
@@ -127,6 +128,7 @@ __all__ = [
     "SKILL_KINDS",
     "SamplingParams",
     "ScriptedPolicy",
+    "Session",
     "Skill",
     "ToolCall",
     "ToolDenied",

@@ -197,7 +197,7 @@ def _require_skill_permission(ctx, rule, s: CallSubject):
     )
 
 
-SIDE_EFFECT_RULE_KEYS = frozenset({"skills", "max_per_request", "requires"})
+SIDE_EFFECT_RULE_KEYS = frozenset({"skills", "max_per_request", "max_per_viewer", "requires"})
 _CONTEXT_PARTS = ("room", "product")
 
 
@@ -221,6 +221,9 @@ def _side_effect_problems(params: Mapping[str, Any]) -> list[str]:
         n = r.get("max_per_request")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             out.append(f"{field}.max_per_request must be a positive integer")
+        n = r.get("max_per_viewer", 1)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            out.append(f"{field}.max_per_viewer must be a positive integer (when given)")
         path = r.get("requires")
         if path is not None and (
             not isinstance(path, str) or path.split(".", 1)[0] not in _CONTEXT_PARTS
@@ -250,9 +253,11 @@ def side_effect_refusal(ctx, rule, s: CallSubject) -> str | None:
     comment, a handle, the history or a tool output); and, where the hook states rules
     (`params.side_effects`, canonical tool -> rule), the tool has one and it holds: a loaded
     Skill among its `skills`, fewer than `max_per_request` calls started in this request that did
-    not fail (`HookContext.calls`: a retry after a failure is allowed), and the
-    context value at `requires` (e.g. `room.campaigns`: the campaigns the marketing service
-    reports active) present and not empty. A side-effect tool without a rule never runs."""
+    not fail (`HookContext.calls`: a retry after a failure is allowed), fewer than
+    `max_per_viewer` (optional) such calls for the request's viewer in the whole session
+    (`HookContext.session`), and the context value at `requires` (e.g. `room.campaigns`: the
+    campaigns the marketing service reports active) present and not empty. A side-effect tool
+    without a rule never runs."""
     if ctx.request.flags:
         return f"the request is flagged ({', '.join(ctx.request.flags)})"
     rules = rule.params.get("side_effects")
@@ -266,6 +271,9 @@ def side_effect_refusal(ctx, rule, s: CallSubject) -> str | None:
         return f"it needs one of the Skills {', '.join(r['skills'])} loaded"
     if ctx.calls[s.canonical] >= r["max_per_request"]:
         return f"it may run at most {r['max_per_request']} time(s) per request"
+    n = r.get("max_per_viewer")
+    if n is not None and ctx.session.count(ctx.request.viewer_id, s.canonical) >= n:
+        return f"it may run at most {n} time(s) per viewer in a session"
     if r.get("requires") and not _context_value(ctx.request, r["requires"]):
         return f"the context has no {r['requires']}"
     return None

@@ -37,6 +37,7 @@ class Started:
     pending: Pending | Completed
     deadline: float
     timeout: float
+    side_effects: bool = False  # counted in the session while it has not failed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +128,11 @@ def _start(
     inline = getattr(run.tools, "is_inline", lambda name: False)(canonical)
     pending = start(lambda: fn(args), inline=inline)
     run.ctx.calls[canonical] += 1
-    return Started(call, canonical, rec, pending, deadline, max(0.0, deadline - now))
+    if spec.side_effects:
+        run.ctx.session.add(run.request.viewer_id, canonical)
+    return Started(
+        call, canonical, rec, pending, deadline, max(0.0, deadline - now), spec.side_effects
+    )
 
 
 def collect(run, job: Started, intervals: list[tuple[float, float]]) -> dict[str, Any]:
@@ -170,6 +175,8 @@ def collect(run, job: Started, intervals: list[tuple[float, float]]) -> dict[str
     value, err = res.subject.result, res.subject.error
     if err is not None:
         run.ctx.calls[job.canonical] -= 1
+        if job.side_effects:
+            run.ctx.session.add(run.request.viewer_id, job.canonical, -1)
     if err == "malformed":
         run.traj.faults.append(Fault(round=run.round, kind="malformed_result", detail=call.name))
     if err is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -55,6 +56,39 @@ class ReplyCandidate:
     call_id: str | None = None
 
 
+class Session:
+    """The side-effect calls of one live session, per viewer and canonical tool: what a rule of
+    the form "at most N per viewer per session" counts (`params.side_effects.<tool>.
+    max_per_viewer`). A call counts from the moment it starts, and stops counting if it fails
+    (as `HookContext.calls`), so a retry after a failure is allowed. Pass one `Session` to every
+    `run_agent` call of a session (`launch.agent` keeps one per run); without one, the request
+    is its own session. Safe to share between threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def count(self, viewer_id: str, tool: str) -> int:
+        """Calls of canonical `tool` for `viewer_id` started so far that did not fail."""
+        with self._lock:
+            return self._calls[viewer_id, tool]
+
+    def add(self, viewer_id: str, tool: str, n: int = 1) -> None:
+        """Counts `n` more started calls (a negative `n` takes back failed ones)."""
+        with self._lock:
+            self._calls[viewer_id, tool] += n
+            if self._calls[viewer_id, tool] <= 0:
+                del self._calls[viewer_id, tool]
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        """`{viewer_id: {tool: calls}}`."""
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for (viewer, tool), n in sorted(self._calls.items()):
+                out.setdefault(viewer, {})[tool] = n
+        return out
+
+
 @dataclasses.dataclass
 class HookContext:
     """What hooks may read about the run so far.
@@ -64,9 +98,10 @@ class HookContext:
     no hook found tainted.
     Viewer comments and earlier replies are not facts. `calls` counts the executor calls of each
     canonical tool that were started and did not fail (so far or still running): what a rule of
-    the form "at most N per request" counts, retries after failures not included. `memo` is
-    scratch space for checks that
-    derive something from the facts once per run (keys are the check library's own).
+    the form "at most N per request" counts, retries after failures not included; `session`
+    counts the side-effect calls of the whole session per viewer (`Session`). `memo` is scratch
+    space for checks that derive something from the facts once per run (keys are the check
+    library's own).
     """
 
     state: HarnessState
@@ -76,6 +111,7 @@ class HookContext:
     performed: set[str] = dataclasses.field(default_factory=set)
     pending: set[str] = dataclasses.field(default_factory=set)
     calls: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    session: Session = dataclasses.field(default_factory=Session)
     memo: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from hat_jax.harness import _dispatch
 from hat_jax.harness._deadline import DeadlineExceeded, call_with_deadline, covered
-from hat_jax.harness._hook_types import HookContext, ReplyCandidate
+from hat_jax.harness._hook_types import HookContext, ReplyCandidate, Session
 from hat_jax.harness._hooks import HookRunner
 from hat_jax.harness._policy import AssistantTurn, PolicyModel, SamplingParams
 from hat_jax.harness._prompt import build_system_prompt, build_user_message, tool_schemas
@@ -78,6 +78,7 @@ def run_agent(
     *,
     limits: Limits | None = None,
     sampling: SamplingParams | None = None,
+    session: Session | None = None,
 ) -> Trajectory:
     """Answers one request and returns its full trajectory.
 
@@ -88,6 +89,9 @@ def run_agent(
       tools: executors by canonical tool name (a `Toolbox`).
       limits: rounds, time budget, per-tool timeout (default `Limits()`).
       sampling: passed through to the policy (default `SamplingParams()`).
+      session: the live session this request belongs to (`Session`: side-effect calls per
+        viewer, for rules of the form "at most N per viewer per session"); default: a session
+        of this request alone.
     """
     run = _Run(
         as_state(harness_state),
@@ -96,6 +100,7 @@ def run_agent(
         tools,
         limits or Limits(),
         sampling or SamplingParams(),
+        session or Session(),
     )
     step = run.start()
     while isinstance(step, RunAgain):
@@ -108,14 +113,14 @@ def run_agent(
 class _Run:
     """Mutable state of one trajectory; each public method is one transition."""
 
-    def __init__(self, state, request, policy, tools, limits, sampling):
+    def __init__(self, state, request, policy, tools, limits, sampling, session):
         self.state, self.request, self.policy, self.tools = state, request, policy, tools
         self.limits, self.sampling = limits, sampling
         self.t0 = time.perf_counter()
         self.deadline = self.t0 + limits.budget_s
         self.max_rounds = min(limits.max_rounds, state.harness.prompt.constraint("max_rounds"))
         self.hooks = HookRunner(state.harness.hooks)
-        self.ctx = HookContext(state=state, request=request)
+        self.ctx = HookContext(state=state, request=request, session=session)
         self.round, self.model_s, self.tool_s, self.policy_retried = 0, 0.0, 0.0, False
         self.messages: list[dict[str, Any]] = []
         h = state.harness

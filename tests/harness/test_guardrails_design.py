@@ -318,6 +318,42 @@ def test_a_side_effect_runs_at_most_as_often_as_its_rule_allows(any_state, world
     assert len(refused) == 2 and "at most 1" in refused[0].detail
 
 
+def test_a_side_effect_runs_at_most_as_often_per_viewer_as_a_session_allows(state, world, tools):
+    """`max_per_viewer` (1 for coupons and follow gifts in both bundled Harnesses) counts the
+    calls of every request of one `hx.Session` for the request's viewer; a call that failed does
+    not count; without a session each request is a session of its own."""
+    spy = Spy(tools.merged(_fake_marketing()))
+    session = hx.Session()
+
+    def ask(viewer, session=session):
+        policy = _coupon_turns(state, C(state.surface_tool("issue_coupon")))
+        request = _request(world, ("coupons please",), viewer=viewer)
+        return hx.run_agent(state, request, policy, spy.toolbox, session=session)
+
+    ask("v1001")
+    again = ask("v1001")  # the same viewer, a later request of the same session
+    assert spy.names() == ["issue_coupon"]
+    assert any("per viewer in a session" in e.detail for e in again.hook_events)
+    ask("v1002")  # another viewer has their own count
+    assert spy.names() == ["issue_coupon"] * 2
+    assert session.to_dict() == {"v1001": {"issue_coupon": 1}, "v1002": {"issue_coupon": 1}}
+    ask("v1001", session=None)  # a request alone is its own session
+    assert spy.names() == ["issue_coupon"] * 3
+
+    failing = tools.merged({"issue_coupon": _failing_coupon})
+    fresh = hx.Session()
+    policy = _coupon_turns(state, C(state.surface_tool("issue_coupon")))
+    request = _request(world, ("coupons please",), viewer="v1003")
+    hx.run_agent(state, request, policy, failing, session=fresh)
+    assert fresh.to_dict() == {}  # the failed call does not count: the viewer may try again
+    ask("v1003", session=fresh)
+    assert spy.names()[-1] == "issue_coupon" and fresh.to_dict() == {"v1003": {"issue_coupon": 1}}
+
+
+def _failing_coupon(args):
+    raise hx.ToolError("the marketing service is down")
+
+
 def test_no_coupon_without_an_active_campaign_in_the_context(state, world, tools):
     spy = Spy(tools.merged(_fake_marketing()))
     request = _request(world, ("any coupons today?",))
@@ -342,6 +378,7 @@ def test_every_side_effect_tool_needs_a_rule(harness_copy):
     [
         ("skills: [coupon-marketing]", "skills: [chit-chat]", "not a Skill of the Harness that"),
         ("max_per_request: 1", "max_per_request: 0", "positive integer"),
+        ("max_per_viewer: 1", "max_per_viewer: true", "max_per_viewer must be a positive"),
         ("requires: room.campaigns", "requires: comment.text", "path into the context"),
         ("max_per_request: 1", "max_per_request: 1\n          when: asked", "unknown keys"),
     ],

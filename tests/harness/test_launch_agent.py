@@ -50,6 +50,7 @@ def test_comment_file_in_multi_mode(tmp_path):
             "handle": "lily",
             "ts": 200,
         },
+        {"text": "one more coupon for me?", "viewer_id": "v1011", "handle": "tom", "ts": 400},
     ]
     path = tmp_path / "comments.jsonl"
     path.write_text("\n".join(json.dumps(c) for c in comments))
@@ -58,11 +59,15 @@ def test_comment_file_in_multi_mode(tmp_path):
         "--comments_file", str(path), "--mode", "multi", "--mcp", "inprocess", "--out", str(out)
     )
     trajs = hx.read_trajectories(out)
-    assert len(trajs) == 3
+    assert len(trajs) == 4
     assert [c["handle"] for c in trajs[0].request["comments"]] == ["lily", "annie"]
     assert "¥30 off coupon" in trajs[1].spoken
     assert trajs[2].final.private_to == "v1001" and "private to v1001" in stdout
     assert trajs[2].request["context"]["history"][0]["handle"] == "lily"  # dialogue carries over
+    # One coupon per viewer in the session (the Harness's rule), across requests of the run.
+    assert any("per viewer in a session" in e.detail for e in trajs[3].hook_events)
+    issued = [r for t in trajs for r in t.tool_calls if r.canonical == "issue_coupon"]
+    assert [r.error for r in issued] == [None, "not_allowed"], issued  # the second refused
 
 
 @pytest.mark.slow
