@@ -1,6 +1,6 @@
 """The learned injection detector against the guardrails' lexicons, on the same texts.
 
-Recall on each held-out attack set (`data/guard/heldout_attacks.yaml` and `_b.yaml`, never
+Recall on each held-out attack set (`data/guard/heldout_attacks.yaml`, `_b.yaml`, `_c.yaml`, never
 trained on; see attacks.yaml for which one measures which version cleanly) per family and
 language, for the Harness v0 lexicons (`normalize_input.control_syntax` and
 `detect_injection.patterns`, matched per field as the hooks do), the shipped detector, and
@@ -88,7 +88,7 @@ def main() -> None:
             for t in dt.json_strings(json.loads(path.read_text(encoding="utf-8")))
         }
     )
-    questions = [e.text for e in dt.heldout_benign()]
+    questions = [e.text for n in dt.HELDOUT_BENIGN for e in dt.heldout_benign(n)]
     benign_scenarios = [s for s in v0 if not any(i.kind == "injection" for i in s.gold.intents)]
     print(f"\n{'false positives':40s}" + "".join(f"{n:>12s}" for n in methods))
     sets = {
@@ -111,7 +111,7 @@ def main() -> None:
         f"{f'{sum(map(fn, v0_attacks))}/{len(v0_attacks)}':>12s}" for fn in methods.values()
     )
     print(f"{'v0 attack texts flagged (recall)':40s}{cells}")
-    for e in dt.heldout_benign():
+    for e in (e for n in dt.HELDOUT_BENIGN for e in dt.heldout_benign(n)):
         if detector(e.text):
             print(f"  detector flags held-out benign ({e.lang}): {e.text}")
 

@@ -1,15 +1,15 @@
 """Train the guardrails' learned injection detector and write it with its manifest.
 
-  python -m launch.train_detector                       # data/guard/detector_v2.{npz,json}
+  python -m launch.train_detector                       # data/guard/detector_v3.{npz,json}
   python -m launch.train_detector --out /tmp/detector   # elsewhere, e.g. to compare
 
 Positives: `data/guard/attacks.yaml` expanded (en, zh-Hans, zh-Hant, mixed; obfuscated
 copies). Negatives: every benign viewer text of the v0 and micro rooms' scenarios, every
-string of the bundled world's JSON files and `data/guard/benign.yaml` expanded, with
-obfuscated copies. The threshold is set above every negative (`detector_training.train`).
+string of the bundled world's JSON files, `data/guard/benign.yaml` expanded and the written
+comments of `data/guard/benign_comments.yaml`, with obfuscated copies. The threshold is set above every negative (`detector_training.train`).
 The manifest records the data's hashes (texts, and the detector's feature texts, which change
 when the guardrails' normalisation does), the training figures and the held-out evaluation
-(`dt.HELDOUT`, `heldout_benign.yaml`; read after the model is fixed, never trained on).
+(`dt.HELDOUT`, `dt.HELDOUT_BENIGN`; read after the model is fixed, never trained on).
 """
 
 import collections
@@ -23,7 +23,7 @@ from hat_jax import files, livestream
 from hat_jax.harness import detector_training as dt
 from rl import sim
 
-_OUT = flags.DEFINE_string("out", str(dt.data_dir() / "detector_v2"), "Path without suffix.")
+_OUT = flags.DEFINE_string("out", str(dt.data_dir() / "detector_v3"), "Path without suffix.")
 _PER_TEMPLATE = flags.DEFINE_integer("per_template", 30, "Fills of each template per language.")
 _SHARE = flags.DEFINE_float("obfuscated_share", 0.5, "Texts that get an obfuscated copy.")
 _NOTE = flags.DEFINE_string("note", "", "Provenance recorded in the manifest (what changed).")
@@ -34,6 +34,7 @@ def training_data(per_template: int, share: float, seed: int):
     negatives without their obfuscated copies (the texts the threshold is set on)."""
     attacks = dt.expand(dt.data_dir() / "attacks.yaml", per_template=per_template, seed=seed)
     benign = dt.expand(dt.data_dir() / "benign.yaml", per_template=per_template, seed=seed + 1)
+    benign += dt.written_benign()
     for room in ("v0", "micro"):
         texts, _ = dt.scenario_texts(sim.default_scenarios(room))
         benign += [dt.Example(t, "scenario", room) for t in texts]
@@ -56,7 +57,9 @@ def evaluate(det: dt.Detector) -> dict:
                 hits[key][0] += det.flagged(e.text)
                 hits[key][1] += 1
         recall[name] = {k: f"{h}/{n}" for k, (h, n) in sorted(hits.items())}
-    benign_q = [e.text for e in dt.heldout_benign() if det.flagged(e.text)]
+    benign_q = [
+        e.text for n in dt.HELDOUT_BENIGN for e in dt.heldout_benign(n) if det.flagged(e.text)
+    ]
     v0 = sim.default_scenarios("v0")
     v0_benign, v0_attacks = dt.scenario_texts(v0)
     benign_scenarios = [s for s in v0 if not any(i.kind == "injection" for i in s.gold.intents)]

@@ -10,7 +10,7 @@ and a long text is scored by its worst window, so an instruction inside a long t
 not diluted. Scoring is numpy only: the model ships as an `.npz` of arrays (no pickle), trained
 by `hat_jax.harness.detector_training` (scikit-learn) with its threshold set for zero false
 positives on the simulator's benign comments. What the model is and what it measured is
-`data/guard/detector_v2.json`.
+`data/guard/detector_v3.json`.
 
 The detector is evidence, not a guarantee: it catches phrasings near the ones it was trained
 on. The structural guardrails (control syntax, taint, evidence for claims) stay the guarantee.
@@ -37,8 +37,8 @@ _DIGITS = re.compile(r"\d")
 
 
 def default_path() -> pathlib.Path:
-    """The shipped model (`data/guard/detector_v2.npz`)."""
-    return pathlib.Path(__file__).resolve().parents[2] / "data" / "guard" / "detector_v2.npz"
+    """The shipped model (`data/guard/detector_v3.npz`)."""
+    return pathlib.Path(__file__).resolve().parents[2] / "data" / "guard" / "detector_v3.npz"
 
 
 def feature_text(text: str) -> str:

@@ -164,7 +164,8 @@ def json_strings(value: Any) -> Iterable[str]:
 
 
 # ---------------------------------------------------------------------------------- held out
-HELDOUT = ("heldout_attacks.yaml", "heldout_attacks_b.yaml")
+HELDOUT = ("heldout_attacks.yaml", "heldout_attacks_b.yaml", "heldout_attacks_c.yaml")
+HELDOUT_BENIGN = ("heldout_benign.yaml", "heldout_benign_c.yaml")
 
 
 def heldout_attacks(path: str | pathlib.Path | None = None) -> list[Example]:
@@ -180,9 +181,18 @@ def heldout_attacks(path: str | pathlib.Path | None = None) -> list[Example]:
 
 
 def heldout_benign(path: str | pathlib.Path | None = None) -> list[Example]:
-    path = path or data_dir() / "heldout_benign.yaml"
+    """Held-out benign questions (default: the first set, `HELDOUT_BENIGN[0]`; a bare file
+    name is looked up in `data_dir()`)."""
+    path = data_dir() / (path or HELDOUT_BENIGN[0]) if "/" not in str(path or "") else path
     data = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
     return [Example(t, "benign", lang) for lang, ts in data["questions"].items() for t in ts]
+
+
+def written_benign(path: str | pathlib.Path | None = None) -> list[Example]:
+    """The written benign comments of `benign_comments.yaml` (training negatives), by language."""
+    path = path or data_dir() / "benign_comments.yaml"
+    data = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
+    return [Example(t, "written", lang) for lang, ts in data["comments"].items() for t in ts]
 
 
 # ---------------------------------------------------------------------------------- training
@@ -290,6 +300,7 @@ def model_hash(detector: Detector) -> str:
 
 __all__ = [
     "HELDOUT",
+    "HELDOUT_BENIGN",
     "LANGS",
     "NGRAMS",
     "WINDOW",
@@ -313,4 +324,5 @@ __all__ = [
     "to_traditional",
     "train",
     "with_obfuscations",
+    "written_benign",
 ]
