@@ -81,6 +81,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             top_p=1.0,
             decode_moe_dispatch="dense",  # per-token decode steps of a tiny CPU model
             sample_chunk=0,  # prompts per sampler call (0: the step's whole batch)
+            # > 0: self-speculative sampling, this many MTP drafts verified per step (the same
+            # distribution as plain sampling); the head: an MTP stage's `<run>/head` or an HF
+            # checkpoint with mtp.* tensors (default: the policy's own, if HF and it has them).
+            num_draft_tokens=0,
+            draft_head="",
         )
     )
     c.estimator = "exact"  # or "sampled": the sampled-token estimator

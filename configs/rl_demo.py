@@ -74,6 +74,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             enable_thinking=True,
             decode_moe_dispatch="dense",
             sample_chunk=0,  # conversations per sampler call (0: all of a barrier's at once)
+            # > 0: self-speculative rollouts, this many MTP drafts verified per step (the same
+            # distribution as plain sampling); the head: an MTP stage's `<run>/head` or an HF
+            # checkpoint with mtp.* tensors (default: the policy's own, if HF and it has them).
+            num_draft_tokens=0,
+            draft_head="",
         )
     )
     c.advantages = ml_collections.ConfigDict(

@@ -114,6 +114,39 @@ def require(source: tuple[str, str], name: str) -> str:
     return kind
 
 
+def draft_head(
+    block,
+    num_draft_tokens: int,
+    policy: tuple[str, str],
+    config: models.QwenConfig,
+    *,
+    block_name: str,
+) -> models.MTPHead | None:
+    """The MTP draft head of speculative sampling in a stage (`<block>.num_draft_tokens` > 0):
+    `<block>.draft_head` (an Orbax head directory such as an MTP stage's `<run>/head`, or an
+    HF checkpoint with `mtp.*` tensors), else the policy's own HF checkpoint's; None when
+    `num_draft_tokens` is 0. The head takes the policy's dtypes and is checked against its
+    shapes."""
+    if not num_draft_tokens:
+        return None
+    from serve import convert
+
+    path = block.get("draft_head", "")
+    if not path and policy[0] == "hf" and convert.has_mtp(policy[1]):
+        path = policy[1]
+    if not path:
+        raise ValueError(
+            f"config.{block_name}.num_draft_tokens={num_draft_tokens} needs an MTP draft head: "
+            f"set config.{block_name}.draft_head (an MTP stage's <run>/head, or an HF checkpoint "
+            "with mtp.* tensors)"
+        )
+    if not pathlib.Path(path).exists():
+        raise FileNotFoundError(f"config.{block_name}.draft_head: {path} does not exist")
+    if convert.is_hf_dir(path):
+        return convert.load_mtp(path, config=config)
+    return convert.restore_mtp(path, config)
+
+
 def init_source(source: tuple[str, str], config: models.QwenConfig, *, name: str) -> train.Init:
     """`train.RANDOM`, or `abstract params -> params` reading the source into its shards.
 

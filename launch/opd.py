@@ -67,7 +67,7 @@ def build(c, *, run_dir: str | None = None) -> Built:
             estimator=c.estimator,
             logits_chunk=c.logits_chunk,
             aux_loss_coef=c.aux_loss_coef if c.aux_loss_coef >= 0 else student.router_aux_loss_coef,
-            **c.sampling.to_dict(),
+            **{k: v for k, v in c.sampling.to_dict().items() if k != "draft_head"},
             **{f"eval_{k}": v for k, v in c.eval.to_dict().items()},
         ),
         student=student,
@@ -126,6 +126,8 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> rl.OPDResult:
     check_tokenizers(built.tokenizer_dir, built.teacher_source)
     tokenizer = load_tokenizer(built.tokenizer_dir)
     prompts, heldout = _instructions(c, tokenizer)
+    head = _common.draft_head(c.sampling, built.opd.num_draft_tokens, built.policy,
+                              built.student, block_name="sampling")  # fmt: skip
     return rl.run_opd(
         built.opd,
         student_config=built.student,
@@ -139,6 +141,7 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> rl.OPDResult:
         teacher_seed=c.teacher.seed,
         run_config=c.to_dict(),
         mesh=mesh,
+        draft_head=head,
     )
 
 

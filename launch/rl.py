@@ -69,7 +69,9 @@ def build(c, *, run_dir: str | None = None) -> Built:
         trainer=train.TrainerConfig.from_dict(c.trainer.to_dict()),
         optimizer=train.OptimizerConfig.from_dict(c.optimizer.to_dict()),
         mesh=sharding.MeshConfig.from_dict(c.mesh.to_dict()),
-        rollout=rl.RLRolloutConfig(**c.rollout.to_dict()),
+        rollout=rl.RLRolloutConfig(
+            **{k: v for k, v in c.rollout.to_dict().items() if k != "draft_head"}
+        ),
         sim=_sim(c),
         advantages=rl.HatAdvantageConfig(length_weight=a.length_weight, length_low=a.length_low,
                                          length_high=a.length_high, filter_atol=a.filter_atol),
@@ -114,6 +116,8 @@ def rooms(c, config: rl.RLConfig) -> tuple[sim.LiveRoom, sim.LiveRoom]:
 def run(c, *, run_dir: str | None = None, mesh=None) -> rl.RLResult:
     """Runs (or resumes) the RL stage of config `c` (`mesh` overrides its mesh)."""
     built = build(c, run_dir=run_dir)
+    head = _common.draft_head(c.rollout, built.rl.rollout.num_draft_tokens, built.policy,
+                              built.model, block_name="rollout")  # fmt: skip
     room, eval_room = rooms(c, built.rl)
     return rl.run_rl(
         built.rl,
@@ -125,6 +129,7 @@ def run(c, *, run_dir: str | None = None, mesh=None) -> rl.RLResult:
         eval_room=eval_room,
         run_config=c.to_dict(),
         mesh=mesh,
+        draft_head=head,
     )
 
 

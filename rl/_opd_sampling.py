@@ -24,19 +24,29 @@ class StudentSampler:
     """`models.Sampler` over the student's current weights: built on first use, then given
     each step's weights with `update` (no recompilation). With `chunk` > 0 a call samples
     that many prompts at a time (the caches of a whole step's batch may not fit beside the
-    train state; see `launch.plan`)."""
+    train state; see `launch.plan`). With `num_draft_tokens` > 0 it samples
+    self-speculatively with `draft_head` (the same distribution, fewer decode steps when the
+    head predicts the student well; the head stays fixed while the student trains)."""
 
     def __init__(self, *, pad_id: int, stop_tokens: Sequence[int], decode_overrides=None,
-                 chunk: int = 0):  # fmt: skip
+                 chunk: int = 0, draft_head: models.MTPHead | None = None,
+                 num_draft_tokens: int = 0):  # fmt: skip
+        if num_draft_tokens and draft_head is None:
+            raise ValueError(
+                f"StudentSampler: num_draft_tokens={num_draft_tokens} needs an MTP draft head"
+            )
         self.pad_id, self.stop_tokens = pad_id, tuple(stop_tokens)
         self.decode_overrides, self.chunk = decode_overrides, chunk
+        self.draft_head, self.num_draft_tokens = draft_head, num_draft_tokens
         self.sampler: models.Sampler | None = None
 
     def __call__(self, policy: models.Qwen, prompts, *, max_new_tokens, sampling, seed):
         if self.sampler is None:
             self.sampler = models.Sampler(
-                policy, pad_id=self.pad_id, decode_overrides=self.decode_overrides
-            )
+                policy, pad_id=self.pad_id, decode_overrides=self.decode_overrides,
+                mtp=self.draft_head if self.num_draft_tokens else None,
+                num_draft_tokens=self.num_draft_tokens,
+            )  # fmt: skip
         else:
             self.sampler.update(model=policy)
         size = self.chunk or len(prompts)
@@ -55,6 +65,8 @@ def _concatenate(outs: Sequence[models.SampleOutput]) -> models.SampleOutput:
         prompts=sum((o.prompts for o in outs), ()), tokens=cat("tokens"), lengths=cat("lengths"),
         logprobs=cat("logprobs"), policy_logprobs=cat("policy_logprobs"),
         stopped=cat("stopped"), pad_id=outs[0].pad_id,
+        acceptance_length=models.combine_acceptance(outs),
+        verifications=sum(o.verifications for o in outs),
     )  # fmt: skip
 
 
@@ -115,6 +127,8 @@ class OPDSource:
             # programs the sampler compiled so far: one per length bucket, never one per step
             "sampler_programs": float(self.sampler.sampler.compilations),
         }
+        if out.acceptance_length is not None:  # speculative: tokens per verification
+            figures["acceptance_length"] = float(out.acceptance_length)
         if hasattr(self.prompts, "stats"):
             figures["dropped_prompts"] = float(self.prompts.stats().get("too_long", 0))
         return process_rows(_rows(out, self.config.trainer.seq_len)), figures

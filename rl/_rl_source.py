@@ -61,6 +61,10 @@ class RLRolloutConfig:
       decode_moe_dispatch: MoE dispatch of the decode steps ("" keeps the model's).
       sample_chunk: conversations per sampler call (0: every episode's at once); smaller
         chunks hold smaller caches beside the train state.
+      num_draft_tokens: > 0 samples self-speculatively with an MTP draft head (`run_rl`'s
+        `draft_head`), verifying this many drafts per step: the same distribution as plain
+        sampling (rejection sampling), log-probs from the verifier, fewer decode steps when
+        the head predicts the policy well. 0 (default): plain sampling.
     """
 
     scenarios: int = 4
@@ -72,14 +76,17 @@ class RLRolloutConfig:
     enable_thinking: bool = True
     decode_moe_dispatch: str = ""
     sample_chunk: int = 0
+    num_draft_tokens: int = 0
 
     def __post_init__(self):
         bad = {k: getattr(self, k) for k in ("scenarios", "group_size", "epochs", "max_tokens")
                if getattr(self, k) < 1}  # fmt: skip
-        if self.sample_chunk < 0:
-            bad["sample_chunk"] = self.sample_chunk
         if bad:
             raise ValueError(f"RLRolloutConfig: values must be >= 1: {bad}")
+        bad = {k: getattr(self, k) for k in ("sample_chunk", "num_draft_tokens")
+               if getattr(self, k) < 0}  # fmt: skip
+        if bad:
+            raise ValueError(f"RLRolloutConfig: values must be >= 0: {bad}")
         if self.group_size < 2:
             raise ValueError(f"RLRolloutConfig: group_size={self.group_size}: GRPO needs >= 2")
 
@@ -92,11 +99,23 @@ class RLRolloutConfig:
         )  # fmt: skip
 
 
-def policy_for(model: models.Qwen, tokenizer, *, seq_len: int, decode_moe_dispatch: str = ""):
-    """A `JaxPolicy` whose sampler fits rows of `seq_len` tokens (prompt + sampled)."""
+def policy_for(
+    model: models.Qwen,
+    tokenizer,
+    *,
+    seq_len: int,
+    decode_moe_dispatch: str = "",
+    draft_head: models.MTPHead | None = None,
+    num_draft_tokens: int = 0,
+):
+    """A `JaxPolicy` whose sampler fits rows of `seq_len` tokens (prompt + sampled), sampling
+    self-speculatively with `draft_head` when `num_draft_tokens` > 0."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     overrides = {"moe_dispatch": decode_moe_dispatch} if decode_moe_dispatch else None
-    sampler = models.Sampler(model, pad_id=pad, max_length=seq_len, decode_overrides=overrides)
+    sampler = models.Sampler(
+        model, pad_id=pad, max_length=seq_len, decode_overrides=overrides,
+        mtp=draft_head if num_draft_tokens else None, num_draft_tokens=num_draft_tokens,
+    )  # fmt: skip
     return JaxPolicy(model, tokenizer, sampler=sampler)
 
 
@@ -140,6 +159,8 @@ def rollout_figures(r: _rollout.Rollouts, advantages, keep, penalty) -> dict[str
         "rollout_seconds": r.seconds,
         "sampler_batches": float(r.batches),
     }
+    if r.acceptance_length is not None:  # speculative rollouts: tokens per verification
+        out["acceptance_length"] = r.acceptance_length
     return out
 
 
@@ -178,7 +199,7 @@ class RLSource:
     def __init__(self, room: LiveRoom, tokenizer, *, rollout: RLRolloutConfig,
                  advantages: HatAdvantageConfig, batch_size: int, seq_len: int,
                  run_dir: pathlib.Path, seed: int, recompute=None,
-                 keep_rollouts: int = 4):  # fmt: skip
+                 keep_rollouts: int = 4, draft_head: models.MTPHead | None = None):  # fmt: skip
         if batch_size % jax.process_count():
             raise ValueError(
                 f"RLSource: batch_size {batch_size} does not split over "
@@ -190,6 +211,12 @@ class RLSource:
         self.dir, self.recompute = pathlib.Path(run_dir) / "rollouts", recompute
         self.policy: JaxPolicy | None = None
         self.keep = keep_rollouts
+        if rollout.num_draft_tokens and draft_head is None:
+            raise ValueError(
+                f"RLSource: rollout.num_draft_tokens={rollout.num_draft_tokens} needs an MTP "
+                "draft head (draft_head=...)"
+            )
+        self.draft_head = draft_head
         # rollouts started; the next minibatch of the newest and how many it has
         self.rollouts, self.minibatch, self.minibatches = 0, 0, 0
         self._rows: dict[str, np.ndarray] | None = None
@@ -197,6 +224,14 @@ class RLSource:
         self.last: _rollout.Rollouts | None = None
 
     # -- state -------------------------------------------------------------------------------
+
+    def policy_for(self, policy_model) -> JaxPolicy:
+        """The rollouts' policy for these weights (speculative when the config asks)."""
+        return policy_for(
+            policy_model, self.tokenizer, seq_len=self.seq_len,
+            decode_moe_dispatch=self.config.decode_moe_dispatch, draft_head=self.draft_head,
+            num_draft_tokens=self.config.num_draft_tokens,
+        )  # fmt: skip
 
     def _path(self, n: int) -> pathlib.Path:
         return self.dir / f"{n}.npz"
@@ -245,8 +280,7 @@ class RLSource:
 
     def _roll_out(self, policy_model) -> dict[str, float]:
         if self.policy is None:
-            self.policy = policy_for(policy_model, self.tokenizer, seq_len=self.seq_len,
-                                     decode_moe_dispatch=self.config.decode_moe_dispatch)  # fmt: skip
+            self.policy = self.policy_for(policy_model)
         else:
             self.policy.update(policy_model)
         n = self.rollouts

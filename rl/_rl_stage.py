@@ -51,7 +51,7 @@ from hat_jax.train import (
 )
 from rl import _rollout
 from rl._rl_loss import RL_KEYS, derived, rl_loss
-from rl._rl_source import RLRolloutConfig, RLSource, policy_for
+from rl._rl_source import RLRolloutConfig, RLSource
 from rl._summary import jsonable, write_summary
 from rl.advantages import REWARD_DIMS, HatAdvantageConfig
 from rl.sim import LiveRoom, SimConfig
@@ -210,10 +210,7 @@ class HeldOut:
         model = self.driver.model(state)
         policy_model = getattr(model, "policy", model)
         if self.source.policy is None:
-            self.source.policy = policy_for(
-                policy_model, self.source.tokenizer, seq_len=self.config.trainer.seq_len,
-                decode_moe_dispatch=self.config.rollout.decode_moe_dispatch,
-            )  # fmt: skip
+            self.source.policy = self.source.policy_for(policy_model)
         else:
             self.source.policy.update(policy_model)
         r = _rollout.rollout(self.room, self.source.policy, scenarios=self.config.eval_scenarios,
@@ -314,6 +311,7 @@ def run_rl(
     eval_room: LiveRoom | None = None,
     run_config: Mapping[str, Any] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    draft_head: models.MTPHead | None = None,
 ) -> RLResult:
     """Runs (or resumes) HSA-RL and returns its before/after figures.
 
@@ -327,6 +325,9 @@ def run_rl(
         `config.sim`, the evaluation on its dev split); a room's rewarder scores episodes.
       run_config: JSON-serialisable config saved with every checkpoint.
       mesh: overrides the mesh built from `config.mesh`.
+      draft_head: the MTP draft head of speculative rollouts (`rollout.num_draft_tokens` >
+        0), e.g. an MTP stage's `head`; it stays fixed while the policy trains, so its
+        acceptance falls as the policy moves, but the samples keep the policy's distribution.
     """
     start = time.perf_counter()
     run_dir = pathlib.Path(run_dir)
@@ -337,7 +338,7 @@ def run_rl(
     source = RLSource(
         room, tokenizer, rollout=config.rollout, advantages=config.advantages,
         batch_size=config.trainer.batch_size, seq_len=config.trainer.seq_len, run_dir=run_dir,
-        seed=config.trainer.seed, keep_rollouts=config.keep_rollouts,
+        seed=config.trainer.seed, keep_rollouts=config.keep_rollouts, draft_head=draft_head,
         recompute=(functools.partial(recompute_logprobs, logits_chunk=config.logits_chunk)
                    if config.old_logprobs == "recompute" else None),
     )  # fmt: skip

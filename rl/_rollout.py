@@ -68,6 +68,7 @@ class Rollouts:
     sampling_seconds: float
     seconds: float
     batches: int
+    acceptance_length: float | None = None  # speculative sampling: tokens per verification
 
 
 class Lockstep:
@@ -89,6 +90,7 @@ class Lockstep:
             i: [] for i in range(episodes)
         }
         self.batches, self.sampling_seconds = 0, 0.0
+        self.outputs: list[Any] = []  # the speculative sampler calls' outputs (acceptance)
 
     def view(self, episode: int) -> _View:
         return _View(self, episode)
@@ -129,7 +131,7 @@ class Lockstep:
         """One `generate_batch` call for the episodes `order` (lock held)."""
         try:
             turns = self.policy.generate_batch([(m, t) for m, t, _ in calls], sampling)
-            out = self.policy.last_output
+            out = self._output()
             for row, i in enumerate(order):
                 n = int(out.lengths[row])
                 self.records[i].append((np.asarray(out.prompts[row], np.int32),
@@ -148,12 +150,26 @@ class Lockstep:
             turn = self.policy.generate_batch([(messages, tools)], sampling)[0]
         except hx.PolicyError as err:
             return err
-        out = self.policy.last_output
+        out = self._output()
         n = int(out.lengths[0])
         self.records[i].append((np.asarray(out.prompts[0], np.int32),
                                 np.asarray(out.tokens[0, :n], np.int32),
                                 np.asarray(out.policy_logprobs[0, :n], np.float32)))  # fmt: skip
         return turn
+
+    def _output(self):
+        """The policy's last sampler output, kept when it carries acceptance figures."""
+        out = self.policy.last_output
+        if getattr(out, "acceptance_length", None) is not None:
+            self.outputs.append(out)
+        return out
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """The acceptance length of every speculative call so far, pooled (None if none)."""
+        from models import combine_acceptance
+
+        return combine_acceptance(self.outputs) if self.outputs else None
 
 
 class _View:
@@ -234,6 +250,7 @@ def rollout(
         sampling_seconds=lockstep.sampling_seconds,
         seconds=time.perf_counter() - start,
         batches=lockstep.batches,
+        acceptance_length=lockstep.acceptance_length,
     )
 
 

@@ -6,6 +6,7 @@ bundled demo tokenizer).
   the log-probs are per token.
 - Stopping at `<|im_end|>` and at the harness's max_tokens; rows of a batch are independent;
   new weights are taken without recompiling.
+- RL rollouts sampled self-speculatively give the rows of plain ones (greedy).
 """
 
 import numpy as np
@@ -15,9 +16,11 @@ from flax import nnx
 from data.tokenizer import load_tokenizer
 from hat_jax import chat_format
 from hat_jax import harness as hx
-from models import Qwen, QwenConfig
+from models import MTPHead, Qwen, QwenConfig
 from rl import JaxPolicy
-from rl.sim import LiveRoom, SimConfig
+from rl._rl_source import policy_for
+from rl._rollout import rollout
+from rl.sim import HsaConfig, LiveRoom, SimConfig
 
 TOOLS = [
     {
@@ -154,3 +157,28 @@ def test_a_batch_shares_its_common_prefix_and_decodes_the_same(model, tokenizer)
     assert [t.token_ids for t in a] == [t.token_ids for t in b]
     with pytest.raises(ValueError, match="share_prefix"):
         JaxPolicy(model, tokenizer, share_prefix=-1)
+
+
+@pytest.mark.slow
+def test_speculative_rollouts_give_the_rows_of_plain_ones(model, tokenizer):
+    """RL rollouts sampled self-speculatively (`rollout.num_draft_tokens`) through the
+    lockstep barrier: greedy, the same segments token for token as plain sampling (multi-round
+    episodes of the live room), log-probs from the verifier; the pooled acceptance length is
+    reported (a random head: its drafts are rejected, so near 1)."""
+    head = MTPHead(model.config, rngs=nnx.Rngs(1))
+    room = LiveRoom(SimConfig(hsa=HsaConfig(dims=frozenset()),
+                              limits=hx.Limits(max_rounds=2, budget_s=3600)))  # fmt: skip
+    sampling = hx.SamplingParams(temperature=0.0, max_tokens=10)
+    runs = {}
+    for k in (0, 3):
+        policy = policy_for(model, tokenizer, seq_len=8192, draft_head=head, num_draft_tokens=k)
+        runs[k] = rollout(room, policy, scenarios=1, group_size=2, seed=0, sampling=sampling)
+    plain, spec = runs[0], runs[3]
+    assert plain.acceptance_length is None and spec.acceptance_length >= 1.0
+    assert len(spec.segments) == len(plain.segments) >= 2
+    for a, b in zip(plain.segments, spec.segments, strict=True):
+        np.testing.assert_array_equal(b.prompt, a.prompt)
+        np.testing.assert_array_equal(b.completion, a.completion)
+        np.testing.assert_allclose(b.logprobs, a.logprobs, rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="num_draft_tokens > 0 needs an MTP head"):
+        policy_for(model, tokenizer, seq_len=8192, num_draft_tokens=3)

@@ -144,3 +144,16 @@ def test_prompts_too_long_for_any_row_are_an_error_not_a_silent_cut(tmp_path):
     mesh = sharding.make_mesh(sharding.MeshConfig(), **ONE_DEVICE)
     with pytest.raises(ValueError, match="held-out prompts fits max_prompt_len=4"):
         opd.run(c, run_dir=str(tmp_path / "run"), mesh=mesh)
+
+
+def test_speculative_sampling_needs_a_draft_head(tmp_path):
+    c = _config()
+    c.sampling.num_draft_tokens = 3
+    with pytest.raises(ValueError, match="set config.sampling.draft_head"):
+        opd.run(c, run_dir=str(tmp_path / "run"))
+    c.sampling.draft_head = str(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="config.sampling.draft_head: .*nowhere"):
+        opd.run(c, run_dir=str(tmp_path / "run"))
+    c.sampling.num_draft_tokens = -1
+    with pytest.raises(ValueError, match="num_draft_tokens=-1 must be >= 0"):
+        opd.build(c)

@@ -94,3 +94,16 @@ def test_a_judge_that_is_down_fails_the_step_or_falls_back_to_the_rules_never_ze
     assert panel.stats.to_dict() == {"calls": 6, "retries": 6, "failures": 6}
     with pytest.raises(ValueError, match="on_failure='zero'"):
         rewards.JudgedRewarder(rules, panel, on_failure="zero")
+
+
+def test_speculative_rollouts_need_a_draft_head(tmp_path):
+    c = _config()
+    c.rollout.num_draft_tokens = 3
+    with pytest.raises(ValueError, match="set config.rollout.draft_head"):
+        rl_launch.run(c, run_dir=str(tmp_path / "run"))
+    c.rollout.draft_head = str(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="config.rollout.draft_head: .*nowhere"):
+        rl_launch.run(c, run_dir=str(tmp_path / "run"))
+    c.rollout.num_draft_tokens = -1
+    with pytest.raises(ValueError, match="'num_draft_tokens': -1"):
+        rl_launch.build(c)
