@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from hat_jax import harness as hx
+from models import combine_acceptance
 from rl.rewards import segments as episode_segments
 from rl.sim import LiveRoom
 from rl.sim._room import Episode, _seed
@@ -167,8 +168,6 @@ class Lockstep:
     @property
     def acceptance_length(self) -> float | None:
         """The acceptance length of every speculative call so far, pooled (None if none)."""
-        from models import combine_acceptance
-
         return combine_acceptance(self.outputs) if self.outputs else None
 
 

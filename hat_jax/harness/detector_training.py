@@ -168,10 +168,17 @@ HELDOUT = ("heldout_attacks.yaml", "heldout_attacks_b.yaml", "heldout_attacks_c.
 HELDOUT_BENIGN = ("heldout_benign.yaml", "heldout_benign_c.yaml")
 
 
+def _data_file(path: str | pathlib.Path | None, default: str) -> pathlib.Path:
+    """`path`, a bare file name looked up in `data_dir()`, or `default` there."""
+    if path is not None and "/" in str(path):
+        return pathlib.Path(path)
+    return data_dir() / (path or default)
+
+
 def heldout_attacks(path: str | pathlib.Path | None = None) -> list[Example]:
     """Held-out attacks (default: the first set, `HELDOUT[0]`; a bare file name is looked up
     in `data_dir()`); a `split` entry's comments joined by a space."""
-    path = data_dir() / (path or HELDOUT[0]) if "/" not in str(path or "") else path
+    path = _data_file(path, HELDOUT[0])
     data = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
     out = []
     for family, by_lang in data["families"].items():
@@ -183,7 +190,7 @@ def heldout_attacks(path: str | pathlib.Path | None = None) -> list[Example]:
 def heldout_benign(path: str | pathlib.Path | None = None) -> list[Example]:
     """Held-out benign questions (default: the first set, `HELDOUT_BENIGN[0]`; a bare file
     name is looked up in `data_dir()`)."""
-    path = data_dir() / (path or HELDOUT_BENIGN[0]) if "/" not in str(path or "") else path
+    path = _data_file(path, HELDOUT_BENIGN[0])
     data = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
     return [Example(t, "benign", lang) for lang, ts in data["questions"].items() for t in ts]
 
