@@ -8,7 +8,7 @@ Public API:
     Online Harness-State Augmentation of stored conversations (`data._rerender`):
         rerender, RerenderError, pin_constraints, loaded_skills
     Records to token rows (`data._examples`):
-        RenderOptions, Prepared, prepare, decode_record, read_conversations,
+        RenderOptions, Prepared, prepare, bare_conversation, decode_record, read_conversations,
         TRUNCATION_POLICIES
     Corpus records and files (`data._records`):
         CORPUS_SCHEMA, corpus_record, state_info, CorpusWriter, write_json
@@ -52,6 +52,7 @@ from data._examples import (
     TRUNCATION_POLICIES,
     Prepared,
     RenderOptions,
+    bare_conversation,
     decode_record,
     prepare,
     read_conversations,
@@ -127,6 +128,7 @@ __all__ = [
     "Prepared",
     "RenderOptions",
     "RerenderError",
+    "bare_conversation",
     "build_sft_dataset",
     "check_constraints",
     "check_disjoint",

@@ -31,6 +31,7 @@ COUNTERS = (
     "untrainable",  # rows dropped with no trained token
     "hsa_applied",  # records re-rendered under a fresh augmentation
     "hsa_refused",  # augmentations that could not express the record (rendered as stored)
+    "bare",  # records rendered without their system prompt and tool schemas
 )
 
 
@@ -97,6 +98,8 @@ class RowsIterator(grain.DatasetIterator):
         c["rows"] += len(p.rows)
         if p.hsa:
             c[f"hsa_{p.hsa}"] += 1
+        if p.bare:
+            c["bare"] += 1
         if p.status != "ok":
             c[p.status] += 1
             kind = p.reason.split(":", 1)[0] if p.status == "bad" else p.status

@@ -54,6 +54,13 @@ class RenderOptions:
       preserve_thinking: keep reasoning on every assistant turn (the Qwen3.6 template option).
       hsa_probability: chance that a record with a stored trajectory is re-rendered under a
         fresh augmentation (needs an augmenter).
+      bare_probability: chance per record and epoch that a corpus record of the room's
+        original Harness state (`state.kind == "original"`) is rendered bare: without its
+        system prompt and tool schemas, so the viewer's comment is the whole prompt. A
+        curriculum for a model without pretraining, which does not at first read a comment
+        behind a long Harness; the stored turns are unchanged (the original state's names,
+        which the whole renders teach to copy from the tool list). Records of augmented
+        states and records without a state (plain chat data) always render whole. 0 = off.
     """
 
     seq_len: int
@@ -61,6 +68,7 @@ class RenderOptions:
     enable_thinking: bool = True
     preserve_thinking: bool = False
     hsa_probability: float = 0.0
+    bare_probability: float = 0.0
 
     def __post_init__(self):
         if self.seq_len < 2:
@@ -71,6 +79,8 @@ class RenderOptions:
             )
         if not 0.0 <= self.hsa_probability <= 1.0:
             raise ValueError(f"hsa_probability must be in [0, 1], got {self.hsa_probability}")
+        if not 0.0 <= self.bare_probability <= 1.0:
+            raise ValueError(f"bare_probability must be in [0, 1], got {self.bare_probability}")
 
 
 @dataclasses.dataclass
@@ -87,6 +97,7 @@ class Prepared:
       untrainable: rows dropped because no token of theirs is trained.
       hsa: "" (not attempted), "applied", or "refused" (the new state could not express the
         behaviour; rendered as stored).
+      bare: rendered without its system prompt and tool schemas (`bare_probability`).
     """
 
     record_id: str
@@ -97,6 +108,7 @@ class Prepared:
     too_long: int = 0
     untrainable: int = 0
     hsa: str = ""
+    bare: bool = False
 
 
 def decode_record(raw: Any) -> dict[str, Any]:
@@ -125,6 +137,20 @@ def record_conversation(record: Mapping[str, Any], record_id: str) -> Conversati
         keep = record.get("retry_history") == "full"
         return trajectory_conversation(traj, tools, keep_retries=keep, conversation_id=record_id)
     raise ValueError("the record has neither 'messages' nor 'trajectory'")
+
+
+def _original_state(record: Mapping[str, Any]) -> bool:
+    """A corpus record generated in its room's original Harness state."""
+    state = record.get("state")
+    return isinstance(state, Mapping) and state.get("kind") == "original"
+
+
+def bare_conversation(conv: Conversation) -> Conversation:
+    """`conv` without its system messages and tool schemas (see `RenderOptions`)."""
+    messages = [m for m in conv.messages if m.get("role") != "system"]
+    if not messages:
+        raise ValueError("a bare render of the record leaves no message")
+    return Conversation(id=conv.id, messages=messages, tools=None)
 
 
 def _augment(
@@ -194,8 +220,12 @@ def prepare(
         record = decode_record(raw)
         out.record_id = str(record.get("id") or record_id)
         conv = record_conversation(record, out.record_id)
+        # Each draw is made only when its option is on, so a run without it keeps its stream.
+        bare = rng is not None and options.bare_probability > 0 and _original_state(record)
+        if bare and rng.random() < options.bare_probability:
+            conv, out.bare = bare_conversation(conv), True
         hsa = augmenter is not None and rng is not None and options.hsa_probability > 0
-        if hsa and rng.random() < options.hsa_probability:
+        if not out.bare and hsa and rng.random() < options.hsa_probability:
             conv, out.hsa = _augment(conv, record, augmenter, rng)
         kw = dict(
             enable_thinking=options.enable_thinking, preserve_thinking=options.preserve_thinking

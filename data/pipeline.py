@@ -95,6 +95,8 @@ class PipelineConfig:
       worker_buffer_size: prepared records buffered per worker.
       read_threads: threads preparing records when there are no workers.
       online_hsa: online augmentation of stored trajectories.
+      bare_probability: chance per record and epoch that a record of the original Harness
+        state renders without its system prompt and tool schemas (`RenderOptions`; 0 = off).
       tokenizer_dir: a Hugging Face tokenizer directory (None = the demo tokenizer).
       data_shards: independent streams the records are split into (0: the default of
         `data._shards.resolve_shards`); the global batch depends on it, not on the number
@@ -117,6 +119,7 @@ class PipelineConfig:
     worker_buffer_size: int = 8
     read_threads: int = 1
     online_hsa: OnlineHSAConfig = OnlineHSAConfig()
+    bare_probability: float = 0.0
     tokenizer_dir: str | None = None
     data_shards: int = 0
 
@@ -141,6 +144,7 @@ class PipelineConfig:
             enable_thinking=self.enable_thinking,
             preserve_thinking=self.preserve_thinking,
             hsa_probability=self.online_hsa.probability,
+            bare_probability=self.bare_probability,
         )
 
 
@@ -325,6 +329,7 @@ def _fingerprint(config: PipelineConfig, shards: int, workers: int) -> str:
         thinking=(config.enable_thinking, config.preserve_thinking),
         bins=(config.pack_bins, config.shuffle_bins),
         hsa=dataclasses.asdict(config.online_hsa),
+        **({"bare": config.bare_probability} if config.bare_probability else {}),
         shards=shards,
         workers=workers,
     )

@@ -105,7 +105,12 @@ def build(c, *, run_dir: str | None = None) -> Built:
             logits_chunk=c.logits_chunk,
         ),
         model=model,
-        data=data.PipelineConfig(split=c.data.split, online_hsa=online, **pipeline),
+        data=data.PipelineConfig(
+            split=c.data.split,
+            online_hsa=online,
+            bare_probability=c.data.get("bare_probability", 0.0),
+            **pipeline,
+        ),  # fmt: skip
         eval_data=evaluation,
         init=init,
         run_dir=pathlib.Path(run_dir or c.run_dir),

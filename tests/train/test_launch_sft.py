@@ -136,3 +136,15 @@ def test_the_base_logs_its_lookup_answers(tmp_path):
     (last,) = [r for r in _records(result.metrics_path) if "eval/lookup" in r]
     assert last["eval/lookup"] == 0.0 and 0.0 <= last["eval/lookup_tokens"] < 1.0
     assert any("lookup answers (teacher-forced) 0.0% exact" in line for line in sft.summary(result))
+
+
+def test_bare_renders_are_a_training_curriculum_only(tmp_path):
+    c = _config(tmp_path / "corpus")
+    c.data.eval_split = "dev"
+    c.data.bare_probability = 0.5
+    built = sft.build(c, run_dir=str(tmp_path / "run"))
+    assert built.data.bare_probability == 0.5
+    assert built.eval_data.bare_probability == 0.0  # the dev loss is the whole conversation's
+    c.data.bare_probability = 1.5
+    with pytest.raises(ValueError, match="bare_probability must be in"):
+        sft.build(c, run_dir=str(tmp_path / "run"))
