@@ -16,9 +16,13 @@ head the MTP adaptation stage adapted (`python -m launch.mtp --config=configs/mt
 exports policy + head to `runs/demo/mtp/hf`; `--mtp_dir`) on that stage's tiny demo policy
 and held-out instruction prompts. Without that directory it falls back to a random head on
 the mid-size model, and says so: a random head's drafts are almost never accepted, so that
-shows only the drafting overhead (and that greedy tokens do not change).
+shows only the drafting overhead (and that greedy tokens do not change). `--corpus DIR`
+prompts the pair with the agent's own traffic instead: the first agent turns of that teacher
+corpus's dev split (Harness system prompt, tools and the viewer's comment), as the MTP stage's
+`data.source = "corpus"` does; an agent policy's head is measured on what it serves.
 
     python -m bench decode     # or: python -m bench.bench_decode [--repeats 3] [--skip_speculative]
+    python -m bench.bench_decode --skip_plain --mtp_dir runs/demo/mtp/hf --corpus runs/demo/corpus
 """
 
 from __future__ import annotations
@@ -102,11 +106,23 @@ def main() -> None:
     parser.add_argument("--draft_tokens", type=int, default=3)
     parser.add_argument("--skip_speculative", action="store_true")
     parser.add_argument(
+        "--skip_plain", action="store_true", help="only the speculative vs plain comparison"
+    )
+    parser.add_argument(
+        "--corpus",
+        default="",
+        help="a teacher corpus: prompt the adapted pair with its dev split's agent turns",
+    )
+    parser.add_argument("--max_prompt_len", type=int, default=4096, help="with --corpus")
+    parser.add_argument(
         "--mtp_dir",
         default="runs/demo/mtp/hf",
         help="HF export of the MTP stage (policy + adapted head); a random head if missing",
     )
     args = parser.parse_args()
+    if args.skip_plain:
+        speculative(None, None, None, args)
+        return
     torch.manual_seed(0)
     load_before = os.getloadavg()
     hf = transformers.AutoModelForCausalLM.from_config(hf_config()).eval()
@@ -158,20 +174,43 @@ def main() -> None:
         speculative(model, sampler, prompts, args)
 
 
-def adapted_pair(directory: pathlib.Path):
-    """The MTP stage's exported policy + adapted head and held-out instruction prompts."""
+def adapted_pair(directory: pathlib.Path, corpus: str = "", max_prompt_len: int = 4096):
+    """The MTP stage's exported policy + adapted head, and prompts: held-out instructions, or
+    the first agent turns of `corpus`'s dev split."""
     config, model = load_hf(directory, dtype="float32", moe_dispatch="sorted")
     head = load_mtp(directory, config=config, dtype="float32")
     tokenizer = load_tokenizer(directory)
-    held_out = data.load_instructions()[-BATCH:]  # the stage holds out the last instructions
-    prompts = [
-        tokenizer.encode(
-            chat_format.render(list(i.messages), add_generation_prompt=True),
-            add_special_tokens=False,
-        )
-        for i in held_out
-    ]
+    if corpus:
+        prompts = corpus_prompts(corpus, tokenizer, directory, max_prompt_len)
+    else:
+        held_out = data.load_instructions()[-BATCH:]  # the stage holds out the last ones
+        prompts = [
+            tokenizer.encode(
+                chat_format.render(list(i.messages), add_generation_prompt=True),
+                add_special_tokens=False,
+            )
+            for i in held_out
+        ]
     return model, head, prompts, [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+def corpus_prompts(corpus: str, tokenizer, tokenizer_dir, max_prompt_len: int) -> list[list[int]]:
+    """`BATCH` prompts: the first agent turns of `corpus`'s dev split, in order."""
+    from rl import prompts_from_rows
+
+    if not (pathlib.Path(corpus) / "dev.manifest.json").is_file():
+        raise FileNotFoundError(f"--corpus {corpus}: no dev split (dev.manifest.json)")
+    config = data.PipelineConfig(sources=(corpus,), split="dev", seq_len=max_prompt_len + 512,
+                                 global_batch_size=1, shuffle=False, num_epochs=1,
+                                 tokenizer_dir=str(tokenizer_dir))  # fmt: skip
+    rows = data.sft_data(config, tokenizer=tokenizer, process_index=0, process_count=1)
+    cut = prompts_from_rows(rows, batch_size=BATCH, max_prompt_len=max_prompt_len,
+                            pad_id=data.pad_id(tokenizer))  # fmt: skip
+    batch = next(cut, None)
+    if batch is None:
+        raise ValueError(f"--corpus {corpus}: fewer than {BATCH} agent prompts of <= "
+                         f"{max_prompt_len} tokens in its dev split")  # fmt: skip
+    return [row[:n].tolist() for row, n in zip(batch["prompt_ids"], batch["prompt_lengths"])]
 
 
 def speculative(model, plain: Sampler, prompts: np.ndarray, args) -> None:
@@ -180,9 +219,14 @@ def speculative(model, plain: Sampler, prompts: np.ndarray, args) -> None:
     head on the benchmark's model."""
     directory = pathlib.Path(args.mtp_dir)
     if (directory / "config.json").is_file():
-        model, head, rows, stops = adapted_pair(directory)
+        model, head, rows, stops = adapted_pair(directory, args.corpus, args.max_prompt_len)
         plain = Sampler(model, decode_overrides=DECODE)
-        origin = f"adapted by the MTP stage ({directory}: its policy, held-out instructions)"
+        what = (
+            f"agent turns of {args.corpus}'s dev split" if args.corpus else "held-out instructions"
+        )
+        origin = f"adapted by the MTP stage ({directory}: its policy; {what})"
+    elif args.skip_plain or args.corpus:
+        raise FileNotFoundError(f"--mtp_dir {directory}: no MTP stage export (config.json)")
     else:
         head, rows, stops = MTPHead(model.config, rngs=nnx.Rngs(1)), prompts.tolist(), []
         origin = (

@@ -15,6 +15,14 @@ per-token decode steps, freed host memory retained); its per-step `data_seconds`
 split comes from wrapping its `generate`. Medians over the steps after the first (compile /
 warm-up). The CPU may be shared: the load average is printed.
 
+With `--draft_tokens K` (default 3; 0 skips it) our stage runs a second time sampling
+self-speculatively (`sampling.num_draft_tokens`) with an MTP draft head, and the table gains
+that column and its ratio to TRL. The head is random here (the student is random: there is
+nothing for a head to learn): the acceptance length printed, and so the column's speed, say
+nothing about a policy that has learned its task (at temperature 1 a random policy's and a
+random head's distributions are both near uniform, so sampled drafts pass often); that is
+measured by `bench_decode --corpus` on the MTP stage's export.
+
     python -m bench opd                     # mid-size config (bench_model's), B=8, N=64
     python -m bench.bench_opd --tiny --batch 4 --new_tokens 32 --steps 4
 """
@@ -90,8 +98,11 @@ class _SamePrompts:
         pass
 
 
-def ours_step_times(student_dir, teacher_dir, prompts, *, max_new_tokens, steps, lr, tokenizer):
-    """Per-step sampling / learning seconds of our OPD stage on the HF directories."""
+def ours_step_times(
+    student_dir, teacher_dir, prompts, *, max_new_tokens, steps, lr, tokenizer, draft_tokens=0
+):
+    """Per-step sampling / learning seconds of our OPD stage on the HF directories
+    (`draft_tokens` > 0: sampling self-speculatively with a random MTP head)."""
     import jax
 
     import models
@@ -118,8 +129,14 @@ def ours_step_times(student_dir, teacher_dir, prompts, *, max_new_tokens, steps,
             init_student=init_source(("hf", student_dir), config, name="student"),
             init_teacher=init_source(("hf", teacher_dir), config, name="teacher"),
         )  # fmt: skip
+        head = None
+        if draft_tokens:
+            from flax import nnx
+
+            head = models.MTPHead(config, rngs=nnx.Rngs(1))
         sampler = rl.StudentSampler(pad_id=tokenizer.pad_token_id, stop_tokens=(),
-                                    decode_overrides=opd.decode_overrides())  # fmt: skip
+                                    decode_overrides=opd.decode_overrides(), draft_head=head,
+                                    num_draft_tokens=draft_tokens)  # fmt: skip
         source = rl.OPDSource(_SamePrompts(prompts, tokenizer.pad_token_id), sampler=sampler,
                               config=opd, seed=0)  # fmt: skip
         driver.run(source)
@@ -127,7 +144,8 @@ def ours_step_times(student_dir, teacher_dir, prompts, *, max_new_tokens, steps,
     assert all(r["response_length"] == max_new_tokens for r in records)
     return [
         {"step_s": r["data_seconds"] + r["learn_seconds"], "sampling_s": r["data_seconds"],
-         "learning_s": r["learn_seconds"], "loss": r["loss"]}
+         "learning_s": r["learn_seconds"], "loss": r["loss"],
+         "acceptance_length": r.get("acceptance_length", 1.0)}
         for r in records
     ]  # fmt: skip
 
@@ -146,6 +164,7 @@ def main() -> None:
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5, help="the first is a warm-up")
     parser.add_argument("--learning_rate", type=float, default=1e-5)
+    parser.add_argument("--draft_tokens", type=int, default=3, help="0: no speculative run")
     args = parser.parse_args()
 
     from hat_jax.host_memory import retain_freed_memory
@@ -178,13 +197,33 @@ def main() -> None:
                                tokenizer=tokenizer, **common)  # fmt: skip
         theirs = gkd_step_times(student, teacher, prompts, learning_rate=args.learning_rate,
                                 **common)  # fmt: skip
+        spec = None
+        if args.draft_tokens:
+            spec = ours_step_times(student, teacher, prompts, lr=args.learning_rate,
+                                   tokenizer=tokenizer, draft_tokens=args.draft_tokens,
+                                   **common)  # fmt: skip
     a, b = _medians(ours), _medians(theirs["per_step"])
+    c = _medians(spec) if spec else None
     print(f"load average {os.getloadavg()[0]:.2f}")
-    print("| per step (median of steps 2..) | ours (JAX) | TRL GKD (PyTorch) | TRL / ours |")
-    print("|---|---|---|---|")
+    head = "| per step (median of steps 2..) | ours (JAX) | TRL GKD (PyTorch) | TRL / ours |"
+    rule = "|---|---|---|---|"
+    if c:
+        head += f" ours, speculative k={args.draft_tokens} (random head) | TRL / ours speculative |"
+        rule += "---|---|"
+    print(head)
+    print(rule)
     for key, label in (("step_s", "whole step"), ("sampling_s", "sampling"),
                        ("learning_s", "learning (teacher fwd, student fwd+bwd, update)")):  # fmt: skip
-        print(f"| {label} | {a[key]:.3f} s | {b[key]:.3f} s | {b[key] / a[key]:.2f}x |")
+        row = f"| {label} | {a[key]:.3f} s | {b[key]:.3f} s | {b[key] / a[key]:.2f}x |"
+        if c:
+            row += f" {c[key]:.3f} s | {b[key] / c[key]:.2f}x |"
+        print(row)
+    if spec:
+        accept = statistics.median(r["acceptance_length"] for r in spec[1:])
+        print(f"speculative sampling: acceptance length {accept:.2f} of at most "
+              f"{args.draft_tokens + 1} (random policy and head: at temperature 1 both are near "
+              "uniform, so drafts pass often; not a figure of a learned policy, which "
+              "bench_decode --corpus measures)")  # fmt: skip
     ratio = b["step_s"] / a["step_s"]
     print(f"speed-up per step ours vs TRL GKD: {ratio:.2f}x (target >= 3x: "
           f"{'met' if ratio >= 3 else 'not met'})")  # fmt: skip

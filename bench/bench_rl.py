@@ -16,6 +16,13 @@ tools, Hooks, faults) with a random tiny policy: trajectories per second and whe
 rollout's time goes (sampling in the lockstep batches; the loop's tool and Hook work and the
 rewards; the update).
 
+With `--draft_tokens K` (default 3; 0 skips it) our single-turn step runs a second time with
+the policy sampling self-speculatively (`rollout.num_draft_tokens`) with an MTP draft head;
+the table gains that column and its ratio to TRL. The head is random (so is the policy): its
+acceptance and speed say nothing about a learned policy (at temperature 1 both distributions
+are near uniform, so sampled drafts pass often); a learned policy's is measured by
+`bench_decode --corpus` on the MTP stage's export.
+
     python -m bench rl                       # mid-size config, B=4, G=4, N=32
     python -m bench.bench_rl --tiny --steps 4 --skip_agent
 """
@@ -38,8 +45,11 @@ def _reward(ids) -> float:
     return sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1)
 
 
-def ours_step_times(policy_dir, prompts, *, group_size, max_new_tokens, steps, lr, tokenizer):
-    """Per-step sampling / learning seconds of our single-turn GRPO/GSPO step."""
+def ours_step_times(
+    policy_dir, prompts, *, group_size, max_new_tokens, steps, lr, tokenizer, draft_tokens=0
+):
+    """Per-step sampling / learning seconds of our single-turn GRPO/GSPO step
+    (`draft_tokens` > 0: sampling self-speculatively with a random MTP head)."""
     import jax
 
     import models
@@ -67,8 +77,14 @@ def ours_step_times(policy_dir, prompts, *, group_size, max_new_tokens, steps, l
             init_policy=init_source(("hf", policy_dir), config, name="policy"),
         )
     state = driver.initial_state()
+    head = None
+    if draft_tokens:
+        from flax import nnx
+
+        head = models.MTPHead(config, rngs=nnx.Rngs(1))
     sampler = rl.StudentSampler(pad_id=tokenizer.pad_token_id, stop_tokens=(),
-                                decode_overrides={"moe_dispatch": "dense"})  # fmt: skip
+                                decode_overrides={"moe_dispatch": "dense"}, draft_head=head,
+                                num_draft_tokens=draft_tokens)  # fmt: skip
     repeated = [p for p in prompts for _ in range(group_size)]
     groups = np.repeat(np.arange(len(prompts)), group_size)
     out = []
@@ -94,7 +110,8 @@ def ours_step_times(policy_dir, prompts, *, group_size, max_new_tokens, steps, l
         assert (sample.lengths == max_new_tokens).all()
         out.append({"step_s": done - start, "sampling_s": sampled - start,
                     "learning_s": done - sampled, "loss": float(metrics["loss"]),
-                    "reward": float(rewards.mean())})  # fmt: skip
+                    "reward": float(rewards.mean()),
+                    "acceptance_length": sample.acceptance_length or 1.0})  # fmt: skip
     return out
 
 
@@ -186,6 +203,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="the first is a warm-up")
     parser.add_argument("--learning_rate", type=float, default=1e-5)
     parser.add_argument("--skip_agent", action="store_true", help="single-turn only")
+    parser.add_argument("--draft_tokens", type=int, default=3, help="0: no speculative run")
     args = parser.parse_args()
 
     from hat_jax.host_memory import retain_freed_memory
@@ -215,15 +233,34 @@ def main() -> None:
                                **common)  # fmt: skip
         theirs = grpo_step_times(policy, prompts, reward_fn=_reward,
                                  learning_rate=args.learning_rate, **common)  # fmt: skip
+        spec = None
+        if args.draft_tokens:
+            spec = ours_step_times(policy, prompts, lr=args.learning_rate, tokenizer=tokenizer,
+                                   draft_tokens=args.draft_tokens, **common)  # fmt: skip
     a, b = _medians(ours), _medians(theirs["per_step"])
+    c = _medians(spec) if spec else None
     print(f"load average {os.getloadavg()[0]:.2f}")
-    print(
+    head = (
         "| single-turn GRPO/GSPO step (median of steps 2..) | ours (JAX) | TRL GRPO | TRL / ours |"
     )
-    print("|---|---|---|---|")
+    rule = "|---|---|---|---|"
+    if c:
+        head += f" ours, speculative k={args.draft_tokens} (random head) | TRL / ours speculative |"
+        rule += "---|---|"
+    print(head)
+    print(rule)
     for key, label in (("step_s", "whole step"), ("sampling_s", "sampling"),
                        ("learning_s", "learning (rewards, advantages, fwd+bwd, update)")):  # fmt: skip
-        print(f"| {label} | {a[key]:.3f} s | {b[key]:.3f} s | {b[key] / a[key]:.2f}x |")
+        row = f"| {label} | {a[key]:.3f} s | {b[key]:.3f} s | {b[key] / a[key]:.2f}x |"
+        if c:
+            row += f" {c[key]:.3f} s | {b[key] / c[key]:.2f}x |"
+        print(row)
+    if spec:
+        accept = statistics.median(r["acceptance_length"] for r in spec[1:])
+        print(f"speculative sampling: acceptance length {accept:.2f} of at most "
+              f"{args.draft_tokens + 1} (random policy and head: at temperature 1 both are near "
+              "uniform, so drafts pass often; not a figure of a learned policy, which "
+              "bench_decode --corpus measures)")  # fmt: skip
     ratio = b["step_s"] / a["step_s"]
     print(f"speed-up per step ours vs TRL GRPO: {ratio:.2f}x (target >= 3x: "
           f"{'met' if ratio >= 3 else 'not met'})")  # fmt: skip
