@@ -157,6 +157,37 @@ def _medians(per_step: list[dict]) -> dict[str, float]:
     }
 
 
+def print_step_table(title, peer, ours, theirs, spec, draft_tokens, *, learning):
+    """Prints the per-step medians of ours, the peer's and (`spec`) ours sampling
+    speculatively, with the peer's time over ours; returns the medians of ours and the peer."""
+    a, b = _medians(ours), _medians(theirs)
+    c = _medians(spec) if spec else None
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    head = f"| {title} (median of steps 2..) | ours (JAX) | {peer} | peer / ours |"
+    rule = "|---|---|---|---|"
+    if c:
+        head += f" ours, speculative k={draft_tokens} (random head) | peer / ours speculative |"
+        rule += "---|---|"
+    print(head)
+    print(rule)
+    for key, label in (
+        ("step_s", "whole step"),
+        ("sampling_s", "sampling"),
+        ("learning_s", learning),
+    ):
+        row = f"| {label} | {a[key]:.3f} s | {b[key]:.3f} s | {b[key] / a[key]:.2f}x |"
+        if c:
+            row += f" {c[key]:.3f} s | {b[key] / c[key]:.2f}x |"
+        print(row)
+    if spec:
+        accept = statistics.median(r["acceptance_length"] for r in spec[1:])
+        print(f"speculative sampling: acceptance length {accept:.2f} of at most "
+              f"{draft_tokens + 1} (random policy and head: at temperature 1 both are near "
+              "uniform, so drafts pass often; not a figure of a learned policy, which "
+              "bench_decode --corpus measures)")  # fmt: skip
+    return a, b
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="the 4-layer test config")
@@ -202,28 +233,10 @@ def main() -> None:
             spec = ours_step_times(student, teacher, prompts, lr=args.learning_rate,
                                    tokenizer=tokenizer, draft_tokens=args.draft_tokens,
                                    **common)  # fmt: skip
-    a, b = _medians(ours), _medians(theirs["per_step"])
-    c = _medians(spec) if spec else None
-    print(f"load average {os.getloadavg()[0]:.2f}")
-    head = "| per step (median of steps 2..) | ours (JAX) | TRL GKD (PyTorch) | TRL / ours |"
-    rule = "|---|---|---|---|"
-    if c:
-        head += f" ours, speculative k={args.draft_tokens} (random head) | TRL / ours speculative |"
-        rule += "---|---|"
-    print(head)
-    print(rule)
-    for key, label in (("step_s", "whole step"), ("sampling_s", "sampling"),
-                       ("learning_s", "learning (teacher fwd, student fwd+bwd, update)")):  # fmt: skip
-        row = f"| {label} | {a[key]:.3f} s | {b[key]:.3f} s | {b[key] / a[key]:.2f}x |"
-        if c:
-            row += f" {c[key]:.3f} s | {b[key] / c[key]:.2f}x |"
-        print(row)
-    if spec:
-        accept = statistics.median(r["acceptance_length"] for r in spec[1:])
-        print(f"speculative sampling: acceptance length {accept:.2f} of at most "
-              f"{args.draft_tokens + 1} (random policy and head: at temperature 1 both are near "
-              "uniform, so drafts pass often; not a figure of a learned policy, which "
-              "bench_decode --corpus measures)")  # fmt: skip
+    a, b = print_step_table(
+        "per step", "TRL GKD (PyTorch)", ours, theirs["per_step"], spec, args.draft_tokens,
+        learning="learning (teacher fwd, student fwd+bwd, update)",
+    )  # fmt: skip
     ratio = b["step_s"] / a["step_s"]
     print(f"speed-up per step ours vs TRL GKD: {ratio:.2f}x (target >= 3x: "
           f"{'met' if ratio >= 3 else 'not met'})")  # fmt: skip

@@ -187,13 +187,6 @@ def agent_step(rollouts: int = 3) -> dict[str, float]:
     }
 
 
-def _medians(per_step: list[dict]) -> dict[str, float]:
-    timed = per_step[1:]
-    return {
-        k: statistics.median(r[k] for r in timed) for k in ("step_s", "sampling_s", "learning_s")
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="the 4-layer test config")
@@ -210,7 +203,7 @@ def main() -> None:
 
     retain_freed_memory(True)
     from bench._grpo_peer import grpo_step_times
-    from bench.bench_opd import _model_dirs
+    from bench.bench_opd import _model_dirs, print_step_table
     from data.tokenizer import load_tokenizer
     from hat_jax import chat_format
 
@@ -237,30 +230,10 @@ def main() -> None:
         if args.draft_tokens:
             spec = ours_step_times(policy, prompts, lr=args.learning_rate, tokenizer=tokenizer,
                                    draft_tokens=args.draft_tokens, **common)  # fmt: skip
-    a, b = _medians(ours), _medians(theirs["per_step"])
-    c = _medians(spec) if spec else None
-    print(f"load average {os.getloadavg()[0]:.2f}")
-    head = (
-        "| single-turn GRPO/GSPO step (median of steps 2..) | ours (JAX) | TRL GRPO | TRL / ours |"
-    )
-    rule = "|---|---|---|---|"
-    if c:
-        head += f" ours, speculative k={args.draft_tokens} (random head) | TRL / ours speculative |"
-        rule += "---|---|"
-    print(head)
-    print(rule)
-    for key, label in (("step_s", "whole step"), ("sampling_s", "sampling"),
-                       ("learning_s", "learning (rewards, advantages, fwd+bwd, update)")):  # fmt: skip
-        row = f"| {label} | {a[key]:.3f} s | {b[key]:.3f} s | {b[key] / a[key]:.2f}x |"
-        if c:
-            row += f" {c[key]:.3f} s | {b[key] / c[key]:.2f}x |"
-        print(row)
-    if spec:
-        accept = statistics.median(r["acceptance_length"] for r in spec[1:])
-        print(f"speculative sampling: acceptance length {accept:.2f} of at most "
-              f"{args.draft_tokens + 1} (random policy and head: at temperature 1 both are near "
-              "uniform, so drafts pass often; not a figure of a learned policy, which "
-              "bench_decode --corpus measures)")  # fmt: skip
+    a, b = print_step_table(
+        "single-turn GRPO/GSPO step", "TRL GRPO", ours, theirs["per_step"], spec,
+        args.draft_tokens, learning="learning (rewards, advantages, fwd+bwd, update)",
+    )  # fmt: skip
     ratio = b["step_s"] / a["step_s"]
     print(f"speed-up per step ours vs TRL GRPO: {ratio:.2f}x (target >= 3x: "
           f"{'met' if ratio >= 3 else 'not met'})")  # fmt: skip
