@@ -15,8 +15,10 @@ Speculative vs plain decoding (greedy, k = 3 drafts, batch 8, up to 128 tokens) 
 head the MTP adaptation stage adapted (`python -m launch.mtp --config=configs/mtp_demo.py`
 exports policy + head to `runs/demo/mtp/hf`; `--mtp_dir`) on that stage's tiny demo policy
 and held-out instruction prompts. Without that directory it falls back to a random head on
-the mid-size model, and says so: a random head's drafts are almost never accepted, so that
-shows only the drafting overhead (and that greedy tokens do not change). `--corpus DIR`
+the mid-size model, and says so: greedy, a random head's drafts are almost never accepted,
+so that shows only the drafting overhead (and that greedy tokens do not change); at
+temperature 1 a random model's and head's distributions are both near uniform, so drafts
+pass often: neither figure is a learned policy's. `--corpus DIR`
 prompts the pair with the agent's own traffic instead: the first agent turns of that teacher
 corpus's dev split (Harness system prompt, tools and the viewer's comment), as the MTP stage's
 `data.source = "corpus"` does; an agent policy's head is measured on what it serves.
@@ -230,8 +232,8 @@ def speculative(model, plain: Sampler, prompts: np.ndarray, args) -> None:
     else:
         head, rows, stops = MTPHead(model.config, rngs=nnx.Rngs(1)), prompts.tolist(), []
         origin = (
-            f"random, not adapted ({directory} not found; acceptance near 0: this shows the "
-            "drafting overhead)"
+            f"random, not adapted ({directory} not found; on random weights greedy drafts "
+            "almost never pass and sampled ones often do: not a learned policy's figure)"
         )
     samplers = {
         "plain": plain,
