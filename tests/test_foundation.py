@@ -2,6 +2,8 @@
 
 import importlib
 import pathlib
+import subprocess
+import sys
 import tomllib
 
 import jax
@@ -56,3 +58,15 @@ def test_accelerator_marker_skips_with_reason_on_cpu(pytester):
     result = pytester.runpytest("-rs", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*needs a GPU or TPU*cpu*"])
+
+
+def test_stage_launchers_do_not_import_mcp():
+    # The stages start as processes (the pipeline, the tests' kill and resume runs): `mcp`
+    # costs about a second of each start-up, and only an MCP connection or server needs it.
+    code = (
+        "import sys, launch.sft, launch.opd, launch.rl, launch.mtp, launch.eval, hat_jax.livestream;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=300)  # fmt: skip
+    assert out.stdout.strip() == "[]", out.stdout

@@ -15,16 +15,20 @@ import dataclasses
 import json
 import threading
 from collections.abc import Mapping
-from typing import Any
-
-from mcp import Client, MCPError
-from mcp_types.jsonrpc import REQUEST_TIMEOUT
+from typing import TYPE_CHECKING, Any
 
 from hat_jax.harness._errors import ToolError, ToolTimeout
 from hat_jax.harness._frozen import freeze, thaw
 from hat_jax.harness._spec import Harness, ToolSpec
 from hat_jax.harness._state import HarnessState, as_state
 from hat_jax.harness._tools import Toolbox
+
+if TYPE_CHECKING:
+    from mcp import Client
+
+# `mcp` is imported where a connection is made: it takes about a second to import, and most
+# processes that import the Harness runtime (training stages, the simulator's sandbox, which
+# calls the marketing service in-process) never open an MCP connection.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +94,8 @@ class McpToolset:
         return await ready
 
     async def _serve(self, ready: asyncio.Future) -> None:
+        from mcp import Client
+
         # The client context must be entered and left by the same task.
         try:
             async with Client(self.server, read_timeout_seconds=self.connect_timeout_s) as client:
@@ -144,6 +150,9 @@ class McpToolset:
             raise ToolTimeout(f"{name} did not answer within {timeout:.1f} s") from err
 
     async def _call(self, name: str, arguments: dict[str, Any], timeout: float) -> Any:
+        from mcp import MCPError
+        from mcp_types.jsonrpc import REQUEST_TIMEOUT
+
         try:
             result = await self._client.call_tool(name, arguments, read_timeout_seconds=timeout)
         except MCPError as err:

@@ -17,15 +17,19 @@ import collections
 import pathlib
 import sys
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from mcp import StdioServerParameters
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from hat_jax.harness import ToolError as HarnessToolError
 from hat_jax.livestream._world import World, load_world
+
+if TYPE_CHECKING:
+    from mcp import StdioServerParameters
+    from mcp.server.mcpserver import MCPServer
+
+# `mcp` is imported by the functions that build a server (about a second to import): the
+# simulator's sandbox calls `MarketingService` in-process and needs none of it.
 
 _VIEWER = Annotated[
     str,
@@ -153,6 +157,8 @@ class MarketingService:
 
 def _served(fn: Callable[..., dict[str, Any]], *args) -> dict[str, Any]:
     """Runs a service call, turning the Harness's tool errors into MCP tool errors."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
     try:
         return fn(*args)
     except HarnessToolError as err:
@@ -161,6 +167,8 @@ def _served(fn: Callable[..., dict[str, Any]], *args) -> dict[str, Any]:
 
 def marketing_server(world: World | str | pathlib.Path) -> MCPServer:
     """Builds the marketing MCP server over `world` (a `World` or a world folder)."""
+    from mcp.server.mcpserver import MCPServer
+
     world = world if isinstance(world, World) else load_world(world)
     service = MarketingService(world)
     server = MCPServer(
@@ -191,6 +199,8 @@ def marketing_server(world: World | str | pathlib.Path) -> MCPServer:
 
 def marketing_server_params(world_dir: str | pathlib.Path) -> StdioServerParameters:
     """How to launch the bundled server as a stdio subprocess (for `mcp.Client`)."""
+    from mcp import StdioServerParameters
+
     return StdioServerParameters(
         command=sys.executable,
         args=[
