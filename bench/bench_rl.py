@@ -13,8 +13,8 @@ Medians over the steps after the first.
 
 Multi-turn: our RL stage's own step on the bundled live room (the real agent loop: Skills,
 tools, Hooks, faults) with a random tiny policy: trajectories per second and where a
-rollout's time goes (sampling in the lockstep batches; the loop's tool and Hook work and the
-rewards; the update).
+rollout's time goes (sampling; the loop's tool and Hook work and the rewards; the update),
+once per rollout engine (`--engines`: the lockstep barrier, continuous batching on slots).
 
 With `--draft_tokens K` (default 3; 0 skips it) our single-turn step runs a second time with
 the policy sampling self-speculatively (`rollout.num_draft_tokens`) with an MTP draft head;
@@ -25,6 +25,7 @@ are near uniform, so sampled drafts pass often); a learned policy's is measured 
 
     python -m bench rl                       # mid-size config, B=4, G=4, N=32
     python -m bench.bench_rl --tiny --steps 4 --skip_agent
+    python -m bench.bench_rl --agent_only    # the multi-turn step, lockstep vs slots engine
 """
 
 from __future__ import annotations
@@ -135,8 +136,9 @@ class _Rollouts:
         self.source.set_state(state)
 
 
-def agent_step(rollouts: int = 3) -> dict[str, float]:
-    """Our multi-turn RL step on the bundled live room with a random tiny policy."""
+def agent_step(rollouts: int = 3, engine: str = "lockstep") -> dict[str, float]:
+    """Our multi-turn RL step on the bundled live room with a random tiny policy, its calls
+    decoded by `engine` (`rl.RLRolloutConfig.engine`)."""
     import jax
 
     import models
@@ -155,7 +157,7 @@ def agent_step(rollouts: int = 3) -> dict[str, float]:
                                     log_every=1, checkpoint_every=0, progress=False,
                                     plots=False),
         rollout=rl.RLRolloutConfig(scenarios=4, group_size=4, max_tokens=64,
-                                   decode_moe_dispatch="dense"),
+                                   decode_moe_dispatch="dense", engine=engine),
     )  # fmt: skip
     room = rl.LiveRoom(rl.SimConfig(limits=hx.Limits(max_rounds=4, budget_s=1e6,
                                                      tool_timeout_s=60)))  # fmt: skip
@@ -197,7 +199,16 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=1e-5)
     parser.add_argument("--skip_agent", action="store_true", help="single-turn only")
     parser.add_argument("--draft_tokens", type=int, default=3, help="0: no speculative run")
+    parser.add_argument(
+        "--engines",
+        default="lockstep,slots",
+        help="the multi-turn step's rollout engines, each measured in turn",
+    )
+    parser.add_argument("--agent_only", action="store_true", help="the multi-turn step only")
     args = parser.parse_args()
+    if args.agent_only:
+        _print_agent_steps(args.engines.split(","))
+        return
 
     from hat_jax.host_memory import retain_freed_memory
 
@@ -240,13 +251,25 @@ def main() -> None:
     print(f"ours per step: {[round(r['step_s'], 3) for r in ours]}")
     print(f"TRL per step:  {[round(r['step_s'], 3) for r in theirs['per_step']]}")
     if not args.skip_agent:
-        agent = agent_step()
-        print("multi-turn agent step (bundled live room, tiny random policy, 4 x 4 episodes): "
-              f"{agent['trajectories_per_second']:.2f} trajectories/s (rollout only), "
-              f"{agent['rounds']:.2f} rounds per episode, {agent['step_s']:.1f} s per rollout "
-              f"and its {agent['updates']:.1f} updates: sampling {agent['sampling_share']:.0%}, "
-              f"agent loop (tools, Hooks, rewards) {agent['loop_share']:.0%}, learning "
-              f"{agent['learning_share']:.0%}")  # fmt: skip
+        _print_agent_steps(args.engines.split(","))
+
+
+def _print_agent_steps(engines: list[str]) -> None:
+    """The multi-turn step once per rollout engine, in one process (the same CPU state)."""
+    rates = {}
+    for engine in engines:
+        agent = agent_step(engine=engine)
+        rates[engine] = agent["trajectories_per_second"]
+        print(f"multi-turn agent step, {engine} engine (bundled live room, tiny random policy, "
+              f"4 x 4 episodes): {agent['trajectories_per_second']:.2f} trajectories/s "
+              f"(rollout only), {agent['rounds']:.2f} rounds per episode, {agent['step_s']:.1f} "
+              f"s per rollout and its {agent['updates']:.1f} updates: sampling "
+              f"{agent['sampling_share']:.0%}, agent loop (tools, Hooks, rewards) "
+              f"{agent['loop_share']:.0%}, learning {agent['learning_share']:.0%}")  # fmt: skip
+    if len(rates) > 1:
+        base = engines[0]
+        print(" ".join(f"{e} / {base} trajectories/s: {rates[e] / rates[base]:.2f}x"
+                       for e in engines[1:]))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -79,6 +79,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             # checkpoint with mtp.* tensors (default: the policy's own, if HF and it has them).
             num_draft_tokens=0,
             draft_head="",
+            # "lockstep": each round's calls sampled together at a barrier; "slots": continuous
+            # batching (a call joins between decode steps, leaves when its row ends; plain
+            # sampling, so num_draft_tokens and sample_chunk stay 0)
+            engine="lockstep",
         )
     )
     c.advantages = ml_collections.ConfigDict(

@@ -121,7 +121,9 @@ def _plan(c, devices: int, layout: str):
         driver = rl.rl_driver(config, model_config=model, run_dir=scratch, mesh=mesh)
         r = config.rollout
         overrides = {"moe_dispatch": r.decode_moe_dispatch} if r.decode_moe_dispatch else None
-        # One lockstep round: every episode of a rollout decodes its next call together.
+        # One lockstep round: every episode of a rollout decodes its next call together. The
+        # "slots" engine holds caches of the same shape (a row of seq_len positions per
+        # episode) and prefills one call at a time, so this bounds it too.
         sampler = lambda module: models.Sampler(  # noqa: E731
             getattr(module, "policy", module),
             decode_overrides=overrides,

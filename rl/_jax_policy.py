@@ -173,6 +173,21 @@ class JaxPolicy:
 
     def _turn(self, out, i: int, messages, tools, enable_thinking: bool) -> hx.AssistantTurn:
         ids = out.completion(i)
+        return self.turn(ids, out.policy_logprobs[i, : len(ids)], messages, tools,
+                         enable_thinking=enable_thinking)  # fmt: skip
+
+    def turn(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        *,
+        enable_thinking: bool = True,
+    ) -> hx.AssistantTurn:
+        """The assistant turn of sampled `ids` (the stop token included) and their log-probs
+        under the unmodified policy, continuing `messages` (whichever decoder sampled them)."""
+        ids = [int(t) for t in ids]
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         parsed = chat_format.parse(text, list(tools) or None, enable_thinking=enable_thinking)
         turn_index = sum(1 for m in messages if m.get("role") == "assistant")
@@ -180,13 +195,12 @@ class JaxPolicy:
             hx.ToolCall(id=f"call_{turn_index}_{j}", name=c.name, arguments=dict(c.arguments))
             for j, c in enumerate(parsed.tool_calls)
         ]
-        n = len(ids)
         return hx.AssistantTurn(
             content=parsed.content,
             reasoning=parsed.reasoning,
             tool_calls=tuple(calls),
             raw_text=text,
             token_ids=tuple(ids),
-            logprobs=tuple(float(x) for x in out.policy_logprobs[i, :n]),
+            logprobs=tuple(float(x) for x in logprobs),
             parse_errors=tuple(parsed.errors),
         )

@@ -46,6 +46,8 @@ from rl.advantages import REPLY, REWARD_DIMS, TOOL, HatAdvantageConfig, hat_adva
 from rl.sim import LiveRoom
 from rl.sim._room import _seed
 
+ENGINES = ("lockstep", "slots")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RLRolloutConfig:
@@ -65,6 +67,12 @@ class RLRolloutConfig:
         `draft_head`), verifying this many drafts per step: the same distribution as plain
         sampling (rejection sampling), log-probs from the verifier, fewer decode steps when
         the head predicts the policy well. 0 (default): plain sampling.
+      engine: how the episodes' model calls are decoded: "lockstep" (default: a barrier
+        gathers every live episode's call and samples them in one `models.Sampler` call,
+        the shared prefix prefilled once) or "slots" (continuous batching on a
+        `models.SlotDecoder`: a call joins between decode steps and leaves when its row
+        ends, so no episode waits for the slowest row of a round; plain sampling, one
+        prefill per call, `sample_chunk` does not apply).
     """
 
     scenarios: int = 4
@@ -77,6 +85,7 @@ class RLRolloutConfig:
     decode_moe_dispatch: str = ""
     sample_chunk: int = 0
     num_draft_tokens: int = 0
+    engine: str = "lockstep"
 
     def __post_init__(self):
         bad = {k: getattr(self, k) for k in ("scenarios", "group_size", "epochs", "max_tokens")
@@ -89,6 +98,14 @@ class RLRolloutConfig:
             raise ValueError(f"RLRolloutConfig: values must be >= 0: {bad}")
         if self.group_size < 2:
             raise ValueError(f"RLRolloutConfig: group_size={self.group_size}: GRPO needs >= 2")
+        if self.engine not in ENGINES:
+            raise ValueError(f"RLRolloutConfig: engine={self.engine!r}, choose one of {ENGINES}")
+        if self.engine == "slots" and (self.num_draft_tokens or self.sample_chunk):
+            raise ValueError(
+                "RLRolloutConfig: engine='slots' decodes plainly with one slot per episode: "
+                f"num_draft_tokens={self.num_draft_tokens} and sample_chunk={self.sample_chunk} "
+                "apply to the lockstep engine (set them to 0)"
+            )
 
     def sampling(self, *, greedy: bool = False):
         from hat_jax import harness as hx
@@ -117,6 +134,18 @@ def policy_for(
         mtp=draft_head if num_draft_tokens else None, num_draft_tokens=num_draft_tokens,
     )  # fmt: skip
     return JaxPolicy(model, tokenizer, sampler=sampler)
+
+
+def slot_decoder_for(policy: JaxPolicy, *, slots: int, decode_moe_dispatch: str = ""):
+    """A `models.SlotDecoder` over `policy`'s weights for continuous-batching rollouts
+    (`RLRolloutConfig.engine="slots"`): its rows fit the policy's sampler (prompt + sampled),
+    stop where the policy stops, with the same decode-step MoE dispatch."""
+    overrides = {"moe_dispatch": decode_moe_dispatch} if decode_moe_dispatch else None
+    return models.SlotDecoder(
+        policy.model, slots=slots, max_length=policy.sampler.max_length,
+        stop_tokens=policy.stop_tokens, pad_id=policy.sampler.pad_id,
+        decode_overrides=overrides,
+    )  # fmt: skip
 
 
 def rollout_figures(r: _rollout.Rollouts, advantages, keep, penalty) -> dict[str, float]:
@@ -217,6 +246,15 @@ class RLSource:
                 "draft head (draft_head=...)"
             )
         self.draft_head = draft_head
+        if rollout.engine == "slots" and jax.process_count() > 1:
+            raise ValueError(
+                "RLSource: rollout.engine='slots' runs in one process: every process samples "
+                "the whole rollout, and which calls share a decode step follows each "
+                "process's thread timing, so their rows are not guaranteed equal bit for bit; "
+                f"use engine='lockstep' with {jax.process_count()} processes"
+            )
+        self.decoder = None  # engine="slots": the slot decoder, built with the policy
+        self.eval_episodes = 0  # the held-out evaluation's episodes (slots it needs too)
         # rollouts started; the next minibatch of the newest and how many it has
         self.rollouts, self.minibatch, self.minibatches = 0, 0, 0
         self._rows: dict[str, np.ndarray] | None = None
@@ -232,6 +270,19 @@ class RLSource:
             decode_moe_dispatch=self.config.decode_moe_dispatch, draft_head=self.draft_head,
             num_draft_tokens=self.config.num_draft_tokens,
         )  # fmt: skip
+
+    def rollout_decoder(self, policy_model):
+        """The slot decoder of `engine="slots"` holding `policy_model`'s weights (None for the
+        lockstep engine): one slot per episode of a rollout or of the held-out evaluation."""
+        if self.config.engine != "slots":
+            return None
+        if self.decoder is None:
+            slots = max(self.config.scenarios * self.config.group_size, self.eval_episodes)
+            self.decoder = slot_decoder_for(
+                self.policy, slots=slots, decode_moe_dispatch=self.config.decode_moe_dispatch
+            )
+        self.decoder.update(policy_model)
+        return self.decoder
 
     def _path(self, n: int) -> pathlib.Path:
         return self.dir / f"{n}.npz"
@@ -287,7 +338,8 @@ class RLSource:
         r = _rollout.rollout(self.room, self.policy, scenarios=self.config.scenarios,
                              group_size=self.config.group_size, seed=_seed("rl", self.seed, n),
                              sampling=self.config.sampling(),
-                             chunk=self.config.sample_chunk)  # fmt: skip
+                             chunk=self.config.sample_chunk,
+                             decoder=self.rollout_decoder(policy_model))  # fmt: skip
         self.last = r
         segs = r.segments
         out = segment_advantages(r, self.advantage_config)

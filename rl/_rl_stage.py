@@ -216,7 +216,8 @@ class HeldOut:
         r = _rollout.rollout(self.room, self.source.policy, scenarios=self.config.eval_scenarios,
                              group_size=1, seed=0,
                              sampling=self.config.rollout.sampling(greedy=True),
-                             chunk=self.config.rollout.sample_chunk)  # fmt: skip
+                             chunk=self.config.rollout.sample_chunk,
+                             decoder=self.source.rollout_decoder(policy_model))  # fmt: skip
         rewards = np.stack([e.rewards.as_array() for e in r.episodes])
         out = {f"reward/{d}": float(rewards[:, i].mean()) for i, d in enumerate(REWARD_DIMS)}
         out["reward/mean"] = float(rewards.mean())
@@ -342,6 +343,7 @@ def run_rl(
         recompute=(functools.partial(recompute_logprobs, logits_chunk=config.logits_chunk)
                    if config.old_logprobs == "recompute" else None),
     )  # fmt: skip
+    source.eval_episodes = config.eval_scenarios
     evaluation = HeldOut(driver, source, eval_room, config, run_dir)
     _write_metadata(run_dir, config, room)
     resumed = driver.start(source, [evaluation])

@@ -19,8 +19,10 @@ Nothing is decoded and re-tokenised: the training rows are these ids.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
+import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -171,8 +173,155 @@ class Lockstep:
         return combine_acceptance(self.outputs) if self.outputs else None
 
 
+@dataclasses.dataclass
+class _Call:
+    """A model call waiting for (or holding) a slot of a `Continuous` decoder."""
+
+    episode: int
+    prompt: list[int]
+    budget: int
+    settings: Any  # models.Sampling
+    seed: int
+    future: concurrent.futures.Future
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+class Continuous:
+    """The model calls of concurrent episodes decoded with continuous batching.
+
+    The `Lockstep`'s alternative (`rollout(..., decoder=...)`): episode `i` calls
+    `view(i).generate(...)`, which renders its prompt and queues it; one thread (`serve`, the
+    rollout's own) admits queued calls into the free slots of a `models.SlotDecoder` between
+    decode steps and hands each call its tokens as soon as its row ends. So an episode whose
+    call is short runs its tools and Hooks and sends its next call while the others decode,
+    instead of waiting at a barrier for the slowest row of a round.
+
+    Each call samples with its own seed, `_seed("call", seed, episode, round)` (the decoder
+    draws the k-th token of a row from `fold_in(key(seed), k)`), so a call's tokens are a
+    function of the weights, its prompt and that seed, whichever calls decode beside it and
+    whatever the threads' timing (up to floating-point differences between the programs of
+    different slot counts). Log-probs are the decoder's, under the unmodified policy.
+    """
+
+    def __init__(self, policy: Any, decoder: Any, episodes: int, *, seed: int):
+        self.policy, self.decoder, self.seed = policy, decoder, seed
+        self._queue: queue.Queue = queue.Queue()
+        self._live = episodes
+        self._lock = threading.Lock()
+        self._failed: BaseException | None = None
+        self.records: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
+            i: [] for i in range(episodes)
+        }
+        self.batches, self.sampling_seconds = 0, 0.0  # decode calls (admissions and steps)
+
+    def view(self, episode: int) -> _View:
+        return _View(self, episode)
+
+    def generate(self, episode: int, messages, tools, sampling) -> hx.AssistantTurn:
+        policy = self.policy
+        prompt = policy.prompt_ids(messages, tools, enable_thinking=sampling.enable_thinking)
+        budget = policy._budget(prompt, sampling.max_tokens)  # PolicyError: no room
+        rounds = sum(1 for m in messages if m.get("role") == "assistant")
+        call = _Call(episode, prompt, budget, policy._settings(sampling),
+                     _seed("call", self.seed, episode, rounds) % 2**31,
+                     concurrent.futures.Future())  # fmt: skip
+        with self._lock:
+            if self._failed is not None:
+                raise self._failed
+            self._queue.put(call)
+        call.future.result()  # the decoder's error, if it failed
+        completion = np.asarray(call.tokens, np.int32)
+        logprobs = np.asarray(call.logprobs, np.float32)
+        self.records[episode].append((np.asarray(prompt, np.int32), completion, logprobs))
+        return policy.turn(completion, logprobs, messages, tools,
+                           enable_thinking=sampling.enable_thinking)  # fmt: skip
+
+    def done(self, episode: int) -> None:
+        with self._lock:
+            self._live -= 1
+        self._queue.put(None)  # wakes `serve`
+
+    def serve(self) -> None:
+        """Decodes the episodes' calls until every episode is done (on the calling thread).
+        If decoding fails, every waiting call gets the error and it is raised here."""
+        waiting: collections.deque[_Call] = collections.deque()
+        rows: dict[int, _Call] = {}
+        try:
+            while True:
+                with self._lock:
+                    finished = self._live == 0
+                if finished and not waiting and not rows:
+                    return
+                block = not waiting and not rows  # nothing to decode: wait for a call
+                while True:
+                    try:
+                        item = self._queue.get(block=block)
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        waiting.append(item)
+                    block = False
+                self._admit(waiting, rows)
+                if rows:
+                    self._step(rows)
+        except BaseException as err:
+            for call in [*waiting, *rows.values()]:
+                if not call.future.done():
+                    call.future.set_exception(err)
+            self._fail_queued(err)
+            raise
+
+    def _fail_queued(self, err: BaseException) -> None:
+        """Fails the calls still queued, and every later one (their episodes end)."""
+        with self._lock:
+            self._failed = err
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None and not item.future.done():
+                item.future.set_exception(err)
+
+    def _admit(self, waiting: collections.deque, rows: dict[int, _Call]) -> None:
+        for slot in self.decoder.free_slots():
+            if not waiting:
+                return
+            call = waiting[0]
+            start = time.perf_counter()
+            first = self.decoder.admit(slot, call.prompt, max_new_tokens=call.budget,
+                                       sampling=call.settings, seed=call.seed)  # fmt: skip
+            waiting.popleft()  # admitted (on an error it stays, and `serve` fails it)
+            self.sampling_seconds += time.perf_counter() - start
+            self.batches += 1
+            call.tokens += first.tokens_of(0)
+            call.logprobs += first.policy_logprobs_of(0)
+            if first.finished[0]:
+                call.future.set_result(None)
+            else:
+                rows[slot] = call
+
+    def _step(self, rows: dict[int, _Call]) -> None:
+        start = time.perf_counter()
+        out = self.decoder.step()
+        self.sampling_seconds += time.perf_counter() - start
+        self.batches += 1
+        for slot in np.flatnonzero(out.emitted.any(1)):
+            call = rows[int(slot)]
+            call.tokens += out.tokens_of(int(slot))
+            call.logprobs += out.policy_logprobs_of(int(slot))
+            if out.finished[slot]:
+                del rows[int(slot)]
+                call.future.set_result(None)
+
+    @property
+    def acceptance_length(self) -> None:
+        return None  # the slot decoder decodes plainly
+
+
 class _View:
-    """Episode `i`'s handle on a `Lockstep`: a `hat_jax.harness.PolicyModel`."""
+    """Episode `i`'s handle on a `Lockstep` or `Continuous`: a `hat_jax.harness.PolicyModel`."""
 
     inline = True  # the loop calls it on the episode's own thread
 
@@ -195,6 +344,7 @@ def rollout(
     sampling: hx.SamplingParams,
     count_tokens=None,
     chunk: int = 0,
+    decoder: Any = None,
 ) -> Rollouts:
     """Runs `scenarios` x `group_size` episodes together and returns their segments.
 
@@ -206,6 +356,8 @@ def rollout(
       sampling: temperature, top-p and the per-call token budget (`max_tokens`).
       count_tokens: reasoning length in tokens (default: the policy's tokenizer).
       chunk: conversations per sampler call at a barrier (0: all of them at once).
+      decoder: a `models.SlotDecoder` over the policy's current weights: the calls are decoded
+        with continuous batching (`Continuous`) instead of at a barrier (`Lockstep`).
     """
     start = time.perf_counter()
     specs = []  # (group, scenario, state, member seed)
@@ -213,7 +365,10 @@ def rollout(
         scenario = room.sample(_seed("rl-scenario", seed, g))
         state, _ = room.state_for(scenario, _seed("rl-state", seed, g))
         specs += [(g, scenario, state, _seed("rl-member", seed, g, k)) for k in range(group_size)]
-    lockstep = Lockstep(policy, len(specs), seed=seed, chunk=chunk)
+    if decoder is None:
+        lockstep = Lockstep(policy, len(specs), seed=seed, chunk=chunk)
+    else:
+        lockstep = Continuous(policy, decoder, len(specs), seed=seed)
 
     def run(i: int) -> Episode:
         g, scenario, state, member = specs[i]
@@ -224,7 +379,10 @@ def rollout(
             lockstep.done(i)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        episodes = list(pool.map(run, range(len(specs))))
+        running = [pool.submit(run, i) for i in range(len(specs))]
+        if decoder is not None:
+            lockstep.serve()
+        episodes = [r.result() for r in running]
     if count_tokens is None:
         tokenizer = policy.tokenizer
         count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731

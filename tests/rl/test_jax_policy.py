@@ -9,6 +9,7 @@ bundled demo tokenizer).
 - RL rollouts sampled self-speculatively give the rows of plain ones (greedy).
 """
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -18,7 +19,7 @@ from hat_jax import chat_format
 from hat_jax import harness as hx
 from models import MTPHead, Qwen, QwenConfig
 from rl import JaxPolicy
-from rl._rl_source import policy_for
+from rl._rl_source import RLRolloutConfig, policy_for, slot_decoder_for
 from rl._rollout import rollout
 from rl.sim import HsaConfig, LiveRoom, SimConfig
 
@@ -182,3 +183,81 @@ def test_speculative_rollouts_give_the_rows_of_plain_ones(model, tokenizer):
         np.testing.assert_allclose(b.logprobs, a.logprobs, rtol=0, atol=1e-4)
     with pytest.raises(ValueError, match="num_draft_tokens > 0 needs an MTP head"):
         policy_for(model, tokenizer, seq_len=8192, num_draft_tokens=3)
+
+
+def _micro_room():
+    return LiveRoom(SimConfig(room="micro", hsa=HsaConfig(dims=frozenset()),
+                              limits=hx.Limits(max_rounds=3, budget_s=3600)))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_continuous_rollouts_give_the_lockstep_rows_greedy(model, tokenizer):
+    """Rollouts decoded with continuous batching (`rollout(..., decoder=)`, the "slots"
+    engine): greedy, the segments of the lockstep's, token for token (multi-round micro-room
+    episodes whose calls end at different steps), with the policy's log-probs."""
+    room = _micro_room()
+    sampling = hx.SamplingParams(temperature=0.0, max_tokens=12)
+    policy = policy_for(model, tokenizer, seq_len=4096)
+    lockstep = rollout(room, policy, scenarios=2, group_size=2, seed=0, sampling=sampling)
+    decoder = slot_decoder_for(policy, slots=4)
+    slots = rollout(room, policy, scenarios=2, group_size=2, seed=0, sampling=sampling,
+                    decoder=decoder)  # fmt: skip
+    assert len(slots.segments) == len(lockstep.segments) >= 5
+    assert slots.acceptance_length is None and slots.batches > 0
+    for a, b in zip(lockstep.segments, slots.segments, strict=True):
+        assert (a.episode, a.round, a.kind) == (b.episode, b.round, b.kind)
+        np.testing.assert_array_equal(b.prompt, a.prompt)
+        np.testing.assert_array_equal(b.completion, a.completion)
+        np.testing.assert_allclose(b.logprobs, a.logprobs, rtol=0, atol=1e-4)
+    assert not decoder.active.any()  # every slot free again
+
+
+@pytest.mark.slow
+def test_continuous_rollouts_sample_each_call_with_its_own_seed(model, tokenizer):
+    """Sampled (temperature 1), a call's tokens depend on the weights, its prompt and its own
+    seed only: the same rollout twice gives the same rows, whichever calls shared the decoder
+    (here 2 slots for 4 episodes, so calls queue and join as others leave); the members of a
+    group draw differently; the rows' log-probs are the policy's (a forward pass agrees)."""
+    room = _micro_room()
+    sampling = hx.SamplingParams(temperature=1.0, max_tokens=12)
+    policy = policy_for(model, tokenizer, seq_len=4096)
+    runs = [rollout(room, policy, scenarios=2, group_size=2, seed=5, sampling=sampling,
+                    decoder=slot_decoder_for(policy, slots=slots)) for slots in (4, 2)]  # fmt: skip
+    a, b = runs
+    assert len(a.segments) == len(b.segments) >= 4
+    for x, y in zip(a.segments, b.segments, strict=True):
+        np.testing.assert_array_equal(x.completion, y.completion)
+        np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=0, atol=1e-4)
+    first = [s.completion.tolist() for s in a.segments if s.round == 1]
+    assert len({tuple(c) for c in first}) > 1  # the episodes' first calls draw differently
+    seg = a.segments[0]
+    ids = np.concatenate([seg.prompt, seg.completion])[None]
+    logp = np.asarray(jax.nn.log_softmax(model(ids).logits[0].astype(np.float32), -1))
+    p = len(seg.prompt)
+    expected = logp[p - 1 : -1][np.arange(len(seg.completion)), seg.completion]
+    np.testing.assert_allclose(seg.logprobs, expected, rtol=0, atol=2e-4)
+
+
+def test_a_failing_decoder_fails_the_rollout_naming_its_error(model, tokenizer):
+    class Broken:
+        def free_slots(self):
+            return [0]
+
+        def admit(self, *args, **kwargs):
+            raise RuntimeError("the decoder broke")
+
+    room = _micro_room()
+    policy = policy_for(model, tokenizer, seq_len=4096)
+    with pytest.raises(RuntimeError, match="the decoder broke"):
+        rollout(room, policy, scenarios=1, group_size=2, seed=0, decoder=Broken(),
+                sampling=hx.SamplingParams(temperature=0.0, max_tokens=4))  # fmt: skip
+
+
+def test_the_rollout_engine_is_checked():
+    with pytest.raises(ValueError, match="engine='warp'"):
+        RLRolloutConfig(engine="warp")
+    with pytest.raises(
+        ValueError, match="num_draft_tokens=3 and sample_chunk=0 apply to the lockstep"
+    ):
+        RLRolloutConfig(engine="slots", num_draft_tokens=3)
+    assert RLRolloutConfig(engine="slots").engine == "slots"
