@@ -46,6 +46,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             tokenizer_dir="",  # "": the HF directory's own, else the demo tokenizer
             dtype="float32",
             max_length=8192,  # the sampler's cap on prompt + generated tokens per call
+            # a JAX policy's decoding: "lockstep" (a round's calls in one batch) or "slots"
+            # (continuous batching over batch_size slots; greedy, the same tokens)
+            engine="lockstep",
             base_url="http://localhost:30000/v1",
             model="default",
             api_key_env="OPENAI_API_KEY",

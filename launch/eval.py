@@ -138,7 +138,7 @@ def policy_for(p) -> hev.EvalPolicy:
         p.checkpoint, tokenizer_dir=p.tokenizer_dir or None, dtype=p.dtype,
         max_length=p.max_length,
     )  # fmt: skip
-    return hev.BatchedPolicy(policy, describe=describe)
+    return hev.BatchedPolicy(policy, describe=describe, engine=p.get("engine", "lockstep"))
 
 
 def endpoint_digests(base_url: str, model: str, api_key: str | None) -> dict[str, Any]:

@@ -32,9 +32,9 @@ from rl._opd_loss import opd_loss
 from rl._opd_sampling import OPDSource, StudentSampler
 from rl._opd_stage import OPDConfig, OPDResult, opd_driver, run_opd
 from rl._rl_loss import RL_KEYS, rl_loss
-from rl._rl_source import RLRolloutConfig, RLSource, segment_advantages
+from rl._rl_source import RLRolloutConfig, RLSource, segment_advantages, slot_decoder_for
 from rl._rl_stage import RLConfig, RLResult, recompute_logprobs, rl_driver, run_rl
-from rl._rollout import Lockstep, Rollouts, Segment, rollout
+from rl._rollout import Continuous, Lockstep, Rollouts, Segment, rollout
 from rl._rollout import rows as rollout_rows
 from rl.advantages import (
     REPLY,
@@ -121,6 +121,7 @@ __all__ = [
     "run_opd",
     # HSA-RL stage
     "RL_KEYS",
+    "Continuous",
     "Lockstep",
     "RLConfig",
     "RLResult",
@@ -133,6 +134,7 @@ __all__ = [
     "rl_loss",
     "rollout",
     "rollout_rows",
+    "slot_decoder_for",
     "run_rl",
     "segment_advantages",
     # MTP draft-head adaptation stage and its math

@@ -8,7 +8,8 @@ Three ways to drive a policy:
 - `BatchedPolicy`: a local JAX policy (`rl.JaxPolicy`). `RunConfig.batch_size` items run
   together, each on its own thread through the real agent loop, and their model calls are
   decoded in one batch per round (`rl.Lockstep`), so a set costs a few batched decodes per
-  round instead of one decode per call.
+  round instead of one decode per call; or, with `engine="slots"`, with continuous batching
+  (`rl.Continuous`: no item waits for the slowest call of a round).
 - `FactoryPolicy`: a policy built per item from its Harness state (the scripted teacher, the
   offline rule policy).
 - `EndpointPolicy`: one shared `PolicyModel` (e.g. `OpenAICompatPolicy` for an SGLang server or
@@ -107,30 +108,51 @@ def _run_one(job: Job, model: hx.PolicyModel, ctx: EvalContext, sampling: hx.Sam
     return model.generate(list(prepared.messages), [], sampling)
 
 
+ENGINES = ("lockstep", "slots")
+
+
 class BatchedPolicy:
     """A local policy with `generate_batch` (an `rl.JaxPolicy`): items decoded together.
 
     Args:
       policy: the policy.
       describe: what the run records about it (kind, checkpoint, dtype ...).
+      engine: "lockstep" (the items' calls of a round sampled in one batch, `rl.Lockstep`) or
+        "slots" (continuous batching on a `models.SlotDecoder` of `RunConfig.batch_size`
+        slots, `rl.Continuous`: an item's call joins between decode steps and leaves when
+        its row ends). Greedy, both give the same tokens.
     """
 
-    def __init__(self, policy: Any, *, describe: Mapping[str, Any]):
-        self.policy, self.description = policy, dict(describe)
+    def __init__(self, policy: Any, *, describe: Mapping[str, Any], engine: str = "lockstep"):
+        if engine not in ENGINES:
+            raise ValueError(f"BatchedPolicy: engine={engine!r}, choose one of {ENGINES}")
+        self.policy, self.engine = policy, engine
+        self.description = dict(describe) | ({"engine": engine} if engine != "lockstep" else {})
+        self._decoder = None
 
     def run(self, jobs: Sequence[Job], ctx: EvalContext, config: RunConfig, seed: int) -> list:
-        from rl import Lockstep  # rl builds on hat_jax; imported when a JAX policy runs
+        import rl  # rl builds on hat_jax; imported when a JAX policy runs
 
-        lockstep = Lockstep(self.policy, len(jobs), seed=seed)
+        if self.engine == "slots":
+            if self._decoder is None or self._decoder.slots < len(jobs):
+                slots = max(config.batch_size, len(jobs))
+                self._decoder = rl.slot_decoder_for(self.policy, slots=slots)
+            self._decoder.update(self.policy.model)
+            calls = rl.Continuous(self.policy, self._decoder, len(jobs), seed=seed)
+        else:
+            calls = rl.Lockstep(self.policy, len(jobs), seed=seed)
 
         def run(i: int):
             try:
-                return _run_one(jobs[i], lockstep.view(i), ctx, config.sampling)
+                return _run_one(jobs[i], calls.view(i), ctx, config.sampling)
             finally:
-                lockstep.done(i)
+                calls.done(i)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            return list(pool.map(run, range(len(jobs))))
+            running = [pool.submit(run, i) for i in range(len(jobs))]
+            if self.engine == "slots":
+                calls.serve()
+            return [r.result() for r in running]
 
     def check(self, config: RunConfig) -> None:
         del config

@@ -148,11 +148,17 @@ def test_batched_jax_policy_is_deterministic_and_matches_one_at_a_time(ctx, tmp_
     config_ = RunConfig(sampling=dataclasses.replace(RunConfig().sampling, max_tokens=6),
                         batch_size=6)  # fmt: skip
     outputs = []
-    for name, batch in (("a", 6), ("b", 6), ("c", 1)):
-        evaluate([s], BatchedPolicy(policy, describe={"kind": "jax"}), kinds=KINDS, ctx=ctx,
-                 run_dir=tmp_path / name, config=dataclasses.replace(config_, batch_size=batch),
-                 progress=False)  # fmt: skip
+    runs = (("a", 6, "lockstep"), ("b", 6, "lockstep"), ("c", 1, "lockstep"), ("d", 6, "slots"),
+            ("e", 4, "slots"))  # fmt: skip
+    for name, batch, engine in runs:
+        evaluate([s], BatchedPolicy(policy, describe={"kind": "jax"}, engine=engine),
+                 kinds=KINDS, ctx=ctx, run_dir=tmp_path / name,
+                 config=dataclasses.replace(config_, batch_size=batch), progress=False)  # fmt: skip
         outputs.append([r["output"] for r in read_items(tmp_path / name, "echo")])
     assert outputs[0] == outputs[1]
     assert outputs[0] == outputs[2]
+    # Greedy, continuous batching gives the lockstep's answers (a chunk of 4 then of 2).
+    assert outputs[3] == outputs[0] and outputs[4] == outputs[0]
     assert any(outputs[0])  # the random model says something
+    with pytest.raises(ValueError, match="engine='warp'"):
+        BatchedPolicy(policy, describe={}, engine="warp")
