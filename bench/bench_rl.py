@@ -136,9 +136,13 @@ class _Rollouts:
         self.source.set_state(state)
 
 
-def agent_step(rollouts: int = 3, engine: str = "lockstep") -> dict[str, float]:
-    """Our multi-turn RL step on the bundled live room with a random tiny policy, its calls
-    decoded by `engine` (`rl.RLRolloutConfig.engine`)."""
+def agent_step(
+    rollouts: int = 3, engine: str = "lockstep", room: str = "v0", policy: str = "",
+    max_tokens: int = 64,
+) -> dict[str, float]:  # fmt: skip
+    """Our multi-turn RL step on a bundled live room (`room`), its calls decoded by `engine`
+    (`rl.RLRolloutConfig.engine`): a random policy of the room's preset, or `policy` (a
+    stage's Orbax checkpoints, e.g. an SFT run's `checkpoints`) at temperature 1."""
     import jax
 
     import models
@@ -147,25 +151,30 @@ def agent_step(rollouts: int = 3, engine: str = "lockstep") -> dict[str, float]:
     from hat_jax import harness as hx
     from hat_jax import sharding, train
     from hat_jax.metrics import read_metrics
+    from launch._common import init_source
 
     tokenizer = load_tokenizer()
-    config = models.QwenConfig.preset("tiny", vocab_size=-(-len(tokenizer) // 128) * 128,
+    preset = "micro" if room == "micro" else "tiny"
+    config = models.QwenConfig.preset(preset, vocab_size=-(-len(tokenizer) // 128) * 128,
                                       dtype="float32", param_dtype="float32",
                                       moe_dispatch="capacity", attention_impl="flash")  # fmt: skip
+    seq_len = 2560 if room == "micro" else 6144  # the room's prompts and a reply
     rl_config = rl.RLConfig(
-        trainer=train.TrainerConfig(total_steps=10_000, batch_size=16, seq_len=6144,
+        trainer=train.TrainerConfig(total_steps=10_000, batch_size=16, seq_len=seq_len,
                                     log_every=1, checkpoint_every=0, progress=False,
                                     plots=False),
-        rollout=rl.RLRolloutConfig(scenarios=4, group_size=4, max_tokens=64,
+        rollout=rl.RLRolloutConfig(scenarios=4, group_size=4, max_tokens=max_tokens,
                                    decode_moe_dispatch="dense", engine=engine),
     )  # fmt: skip
-    room = rl.LiveRoom(rl.SimConfig(limits=hx.Limits(max_rounds=4, budget_s=1e6,
-                                                     tool_timeout_s=60)))  # fmt: skip
+    live_room = rl.LiveRoom(rl.SimConfig(room=room, limits=hx.Limits(
+        max_rounds=4, budget_s=1e6, tool_timeout_s=60)))  # fmt: skip
     mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
+    init = init_source(("orbax", policy) if policy else ("random", ""), config, name="policy")
     with tempfile.TemporaryDirectory(prefix="bench_rl_agent_") as run_dir:
-        driver = rl.rl_driver(rl_config, model_config=config, run_dir=run_dir, mesh=mesh)
-        source = rl.RLSource(room, tokenizer, rollout=rl_config.rollout,
-                             advantages=rl_config.advantages, batch_size=16, seq_len=6144,
+        driver = rl.rl_driver(rl_config, model_config=config, run_dir=run_dir, mesh=mesh,
+                              init_policy=init)  # fmt: skip
+        source = rl.RLSource(live_room, tokenizer, rollout=rl_config.rollout,
+                             advantages=rl_config.advantages, batch_size=16, seq_len=seq_len,
                              run_dir=pathlib.Path(run_dir), seed=0)  # fmt: skip
         driver.run(_Rollouts(source, rollouts))
         records = read_metrics(run_dir)
@@ -205,9 +214,20 @@ def main() -> None:
         help="the multi-turn step's rollout engines, each measured in turn",
     )
     parser.add_argument("--agent_only", action="store_true", help="the multi-turn step only")
+    parser.add_argument("--room", default="v0", choices=("v0", "micro"),
+                        help="the multi-turn step's live room (and model preset)")  # fmt: skip
+    parser.add_argument(
+        "--policy",
+        default="",
+        help="the multi-turn step's policy: Orbax checkpoints (default random)",
+    )
+    parser.add_argument("--rollouts", type=int, default=3, help="multi-turn rollouts per engine")
+    parser.add_argument("--max_tokens", type=int, default=64, help="tokens per model call")
     args = parser.parse_args()
+    agent = dict(room=args.room, policy=args.policy, rollouts=args.rollouts,
+                 max_tokens=args.max_tokens)  # fmt: skip
     if args.agent_only:
-        _print_agent_steps(args.engines.split(","))
+        _print_agent_steps(args.engines.split(","), **agent)
         return
 
     from hat_jax.host_memory import retain_freed_memory
@@ -251,17 +271,19 @@ def main() -> None:
     print(f"ours per step: {[round(r['step_s'], 3) for r in ours]}")
     print(f"TRL per step:  {[round(r['step_s'], 3) for r in theirs['per_step']]}")
     if not args.skip_agent:
-        _print_agent_steps(args.engines.split(","))
+        _print_agent_steps(args.engines.split(","), **agent)
 
 
-def _print_agent_steps(engines: list[str]) -> None:
+def _print_agent_steps(engines: list[str], **agent_args) -> None:
     """The multi-turn step once per rollout engine, in one process (the same CPU state)."""
     rates = {}
+    policy = agent_args.get("policy") or "random policy"
     for engine in engines:
-        agent = agent_step(engine=engine)
+        agent = agent_step(engine=engine, **agent_args)
         rates[engine] = agent["trajectories_per_second"]
-        print(f"multi-turn agent step, {engine} engine (bundled live room, tiny random policy, "
-              f"4 x 4 episodes): {agent['trajectories_per_second']:.2f} trajectories/s "
+        print(f"multi-turn agent step, {engine} engine ({agent_args.get('room', 'v0')} live "
+              f"room, {policy}, 4 x 4 episodes): "
+              f"{agent['trajectories_per_second']:.2f} trajectories/s "
               f"(rollout only), {agent['rounds']:.2f} rounds per episode, {agent['step_s']:.1f} "
               f"s per rollout and its {agent['updates']:.1f} updates: sampling "
               f"{agent['sampling_share']:.0%}, agent loop (tools, Hooks, rewards) "
