@@ -1,4 +1,5 @@
-"""Group rollouts of whole agent episodes for HSA-RL, decoded in lockstep batches.
+"""Group rollouts of whole agent episodes for HSA-RL, decoded in lockstep batches (or, with a
+slot decoder, with continuous batching: `Continuous`, described there).
 
 A rollout step draws `scenarios` scenarios from the live room; each gets one Harness state
 (HSA-augmented, or the original for `SimConfig.hsa.original_fraction` of them, as
@@ -9,7 +10,8 @@ faults, the round limit) on its own thread, and their model calls meet at a barr
 are sampled in one `generate_batch` call, in episode order, with a seed derived from the
 step's seed and the barrier's round. A step's rollouts are therefore a function of the
 weights and the seed alone, whatever the threads' timing, and the sampler decodes a whole
-step's calls of one round as one batch.
+step's calls of one round as one batch. With `rollout(..., decoder=)` the calls go to a
+`models.SlotDecoder` instead, each seeded on its own, so no episode waits at a barrier.
 
 Each model call that produced output is a segment (`rl.rewards.segments` decides tool-call or
 reply): the exact token ids the sampler was given and sampled (the stop token included) and
