@@ -53,6 +53,38 @@ def _table(manifest: dict[str, Any], sets: list[str], scores: dict[str, Any]) ->
     return rows
 
 
+def _names(manifest: dict[str, Any], sets: list[str]) -> list[str]:
+    """Per arm and set with renames: the tool and Skill names written, copied or memorised."""
+    from hat_jax.eval import read_summary
+    from hat_jax.eval._names import copy_share
+
+    def cell(counts, kind):
+        listed, training = counts.get(f"{kind}/listed", 0), counts.get(f"{kind}/training", 0)
+        return f"{listed} / {training} ({_pct(copy_share(counts, kind))})"
+
+    rows = []
+    for entry in manifest["arms"].values():
+        run = pathlib.Path(entry["eval"])
+        if entry["status"] != "complete" or not (run / "summary.json").is_file():
+            continue
+        summary = read_summary(run)
+        for s in sets:
+            counts = summary["sets"].get(s, {}).get("names") or {}
+            if any(
+                counts.get(f"{k}/{c}") for k in ("tool", "skill") for c in ("listed", "training")
+            ):
+                rows.append(f"| {entry['title']} | {s} | {cell(counts, 'tool')} | "
+                            f"{cell(counts, 'skill')} |")  # fmt: skip
+    if not rows:
+        return []
+    return ["## Names under renames", "",
+            "The tool calls and Skill loads meant for a tool or Skill the item's Harness renamed: "
+            "written by the renamed name the list shows (copied) / by the training name "
+            "(memorised), and the copy share (x100). The HAT claim needs the first.", "",
+            "| arm | set | tool calls listed / training (share) | Skill loads listed / training "
+            "(share) |", "|---|---|---:|---:|", *rows, ""]  # fmt: skip
+
+
 def _comparisons(manifest: dict[str, Any], sets: list[str]) -> list[str]:
     arms = manifest["arms"]
     rows = ["| B vs A | set | A | B | delta | 95% interval | P(delta <= 0) | n |",
@@ -188,6 +220,7 @@ def write_report(root: pathlib.Path, manifest: dict[str, Any]) -> pathlib.Path:
                   f"reaches {_pct(c['min_effectiveness'])}: both fail the task, so their "
                   "difference says nothing about it.",
                   "", *_effects(manifest), ""]  # fmt: skip
+    lines += _names(manifest, sets)
     lines += _edit_test(manifest)
     if manifest["comparisons"]:
         lines += ["## All comparisons", "", *_comparisons(manifest, sets), ""]

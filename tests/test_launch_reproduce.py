@@ -126,8 +126,9 @@ def test_recovery_needs_half_the_loss_back():
         "not run")  # fmt: skip
 
 
-def _fake_eval(run: pathlib.Path, scores: dict[str, list[float]]) -> None:
-    """An evaluation run directory with the given per-item `avg` scores per set."""
+def _fake_eval(run: pathlib.Path, scores: dict[str, list[float]], names=None) -> None:
+    """An evaluation run directory with the given per-item `avg` scores per set (and the
+    names-written counts `names[set]`, `hat_jax.eval._names`)."""
     sets = {}
     for name, values in scores.items():
         rows = [{"id": f"{name}-{i}", "set": name, "family": "f", "scores": {"avg": v}}
@@ -135,6 +136,8 @@ def _fake_eval(run: pathlib.Path, scores: dict[str, list[float]]) -> None:
         files.write_jsonl(run / "items" / f"{name}.jsonl", [json.dumps(r) for r in rows])
         sets[name] = {"version": f"{name}-v1", "n": len(values),
                       "metrics": {"avg": float(np.mean(values))}}  # fmt: skip
+        if names and name in names:
+            sets[name]["names"] = names[name]
     files.write_json(run / "summary.json", {"run": {"judge": {"kind": "rules"}}, "sets": sets})
 
 
@@ -236,8 +239,13 @@ def test_the_report_from_stand_in_evaluations(tmp_path, monkeypatch, fake_edit_r
     def run_pipeline(p, *, workdir, mesh=None, log=print):
         arm = pathlib.Path(workdir).name
         calls.append(arm)
-        _fake_eval(_reproduce.eval_dir(tmp_path, arm), scores[arm])
+        _fake_eval(_reproduce.eval_dir(tmp_path, arm), scores[arm], names.get(arm))
         return {"status": "complete", "entries": {s: {"seconds": 1.0} for s in p.stages.split(",")}}
+
+    names = {  # T2 names written: Fixed-SFT memorised, HSA-SFT copies most
+        "fixed_sft": {"t2": {"tool/listed": 0, "tool/training": 8, "tool/unknown": 3}},
+        "hsa_sft": {"t2": {"tool/listed": 6, "tool/training": 2, "skill/listed": 1}},
+    }
 
     monkeypatch.setattr(_pipeline, "run_pipeline", run_pipeline)
     m = _reproduce.run_reproduce(c, workdir=str(tmp_path), log=lambda s: None)
@@ -262,6 +270,10 @@ def test_the_report_from_stand_in_evaluations(tmp_path, monkeypatch, fake_edit_r
         report)  # fmt: skip
     assert "| OPD recovers most of HSA-SFT's general loss | general | +75.0" in report
     assert "75% of the loss recovered | reproduces |" in report
+    names_section = report.split("## Names under renames", 1)[1].split("\n## ", 1)[0]
+    assert "| Fixed-SFT | t2 | 0 / 8 (0.0) | 0 / 0 (-) |" in names_section
+    assert "| HSA-SFT | t2 | 6 / 2 (75.0) | 1 / 0 (100.0) |" in names_section
+    assert names_section.count("| t2 |") == 2  # arms and sets without renames: no row
     assert m["edit_test"]["chosen"] == "host-voice"
     assert "Chosen and frozen: **host-voice** (fewer dev errors" in report
     assert "| HSA-SFT + OPD + HSA-RL | 10 / 20 | 4 / 20 | 60.0% | -30.0 (" in report

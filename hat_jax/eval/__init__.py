@@ -20,7 +20,9 @@ never uses), `t3_tool` / `t3_prompt` (distractor tools; active instruction const
 gold conversations, where a policy that fails the sets is stuck: `tool_choice`
 (`python -m launch.tool_choice`); in-context copying (the induction score: random tokens shown
 twice), which the agent task needs before any decision can be learned: `copy_score`;
-teacher-forced answers of records such as the base corpus's lookup items: `answer_score`. CLI:
+teacher-forced answers of records such as the base corpus's lookup items: `answer_score`; the
+names written under renamed tools and Skills (the listed name copied, or the training name
+memorised), counted per item and shown per set in the report: `name_counts`, `copy_share`. CLI:
 `python -m launch.eval`.
 """
 
@@ -42,6 +44,7 @@ from hat_jax.eval._ifeval import (
 )
 from hat_jax.eval._items import EvalItem, EvalSet, SetVersionError, read_set, write_set
 from hat_jax.eval._kind import EvalContext, Prepared, SetKind
+from hat_jax.eval._names import copy_share, name_counts
 from hat_jax.eval._qa_sets import HELDOUT_BANK_DIR
 from hat_jax.eval._report import write_report
 from hat_jax.eval._run import (
@@ -86,6 +89,7 @@ __all__ = [
     "copy_evaluation",
     "copy_rows",
     "copy_score",
+    "copy_share",
     "ensure_set",
     "ensure_sets",
     "evaluate",
@@ -97,6 +101,7 @@ __all__ = [
     "ifeval_prompt_hashes",
     "ifeval_prompts",
     "mean_interval",
+    "name_counts",
     "ordinary_token_ids",
     "paired_bootstrap",
     "read_items",

@@ -3,8 +3,9 @@
 `write_report(run_dir)` reads the run's `summary.json` and `items/<set>.jsonl` and writes
 `<run>/report.md`: the run record (policy, checkpoint, live room, Harness version, sampling,
 set versions; a run recorded before rooms existed was in the v0 room), per set a table of its
-metrics (scores x100, one decimal, with a bootstrap interval of the mean) and a table per
-family, and `plots/<set>.png` with each metric's mean and interval. With `baseline_dir`, each
+metrics (scores x100, one decimal, with a bootstrap interval of the mean), a table per
+family and, for agent sets, the names the policy wrote for tools and Skills (copied from a
+renamed list or memorised: `hat_jax.eval._names`), and `plots/<set>.png` with each metric's mean and interval. With `baseline_dir`, each
 set both runs evaluated is also compared item by item (paired bootstrap: delta, its interval
 and P(delta <= 0)), and the plots show both runs side by side.
 Every file is written atomically.
@@ -23,6 +24,7 @@ import numpy as np
 
 from hat_jax import files
 from hat_jax.eval._items import DEFAULT_ROOM
+from hat_jax.eval._names import names_table
 from hat_jax.eval._stats import (
     Bootstrap,
     Interval,
@@ -37,6 +39,11 @@ from hat_jax.eval._stats import (
 from hat_jax.metrics._plots import PLOTS_DIR, _figure, _save
 
 REPORT_FILE = "report.md"
+_NAMES_NOTE = (
+    "Names written (every tool call and Skill load of the set's agent items): the renamed name "
+    "the list shows, the training name of a tool or Skill the item renamed, a name it did not "
+    "rename, or another; copy share = listed / (listed + training), x100."
+)
 
 
 def _cell(value: Any) -> str:
@@ -233,6 +240,8 @@ def write_report(
         family = _family_table(entry)
         if family:
             lines += ["", "By family:", "", *family]
+        if entry.get("names"):
+            lines += ["", _NAMES_NOTE, "", *names_table(entry["names"])]
         runs = [("this run", entry["metrics"], intervals)]
         if base_summary is not None:
             lines += ["", "### Against the baseline", ""]

@@ -49,6 +49,7 @@ from hat_jax.eval._items import (
     stable_seed,
 )
 from hat_jax.eval._kind import EvalContext, Prepared, SetKind, kind_name
+from hat_jax.eval._names import name_counts, total_counts
 
 SUMMARY_FILE = "summary.json"
 ITEMS_DIR = "items"
@@ -228,10 +229,11 @@ def _policy_errors(result: Any) -> int:
 
 def _record(item: EvalItem, scores: Mapping[str, float], result: Any, seconds: float,
             keep: bool) -> dict[str, Any]:  # fmt: skip
-    trajectory = result.to_dict() if keep and isinstance(result, hx.Trajectory) else None
+    as_dict = result.to_dict() if isinstance(result, hx.Trajectory) else None
+    trajectory = as_dict if keep else None
     if isinstance(result, hx.AssistantTurn):
         trajectory = {"reasoning": result.reasoning, "content": result.content} if keep else None
-    return {
+    record = {
         "id": item.id,
         "set": item.set,
         "family": item.family,
@@ -241,6 +243,9 @@ def _record(item: EvalItem, scores: Mapping[str, float], result: Any, seconds: f
         "trajectory": trajectory,
         "seconds": round(seconds, 4),
     }
+    if as_dict is not None:
+        record["names"] = name_counts(as_dict)  # copied or memorised names (`_names`)
+    return record
 
 
 def read_items(run_dir: os.PathLike | str, set_name: str) -> list[dict[str, Any]]:
@@ -277,6 +282,7 @@ def summarize(records: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> d
         "families": {f: {"n": len(rows), **means(rows)} for f, rows in sorted(families.items())},
         "policy_errors": sum(r.get("policy_errors", 0) for r in records),
         "seconds": round(sum(r.get("seconds", 0.0) for r in records), 3),
+        **({"names": names} if (names := total_counts(records)) else {}),
     }
 
 
