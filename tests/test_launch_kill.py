@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from hat_jax import livestream
 from tests import _kill
 
 
@@ -26,12 +27,14 @@ def _past_checkpoint(checkpoint: int, logged: int):
 def test_sft_killed_after_a_checkpoint_resumes_to_the_same_run(tmp_path):
     corpus = tmp_path / "corpus"
     cmd = [sys.executable, "-m", "launch.make_corpus", "--out", str(corpus), "--num_scenarios",
-           "2", "--states_per_scenario", "2", "--splits", "train"]  # fmt: skip
+           "2", "--states_per_scenario", "2", "--splits", "train", "--room", "micro"]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, cwd=_kill.REPO, timeout=600)
-    # HSA-SFT with online HSA (its random draws are part of the resumed state); 4 steps,
-    # checkpoints at 2 and 4, killed inside step 4 (step 3 logged past checkpoint 2).
-    overrides = dict(data__corpus=corpus, data__eval_split="", trainer__total_steps=4,
-                     trainer__batch_size=1, trainer__seq_len=5120, trainer__log_every=1,
+    # HSA-SFT with online HSA (its random draws are part of the resumed state) in the micro
+    # room (rows of its token budget); 4 steps, checkpoints at 2 and 4, killed inside step 4
+    # (step 3 logged past checkpoint 2).
+    overrides = dict(data__corpus=corpus, data__eval_split="", model__preset="micro",
+                     trainer__total_steps=4, trainer__batch_size=1,
+                     trainer__seq_len=livestream.room("micro").token_budget, trainer__log_every=1,
                      trainer__checkpoint_every=2, trainer__progress=False,
                      trainer__plots=False)  # fmt: skip
     straight, killed, at_kill, resumed = _kill.kill_and_resume(

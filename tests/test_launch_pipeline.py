@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from configs import ablations, pipeline_demo
-from hat_jax import hsa, sharding
+from hat_jax import hsa, livestream, sharding
 from launch import _pipeline
 from launch import pipeline as pipeline_launch
 from launch import sft as sft_launch
@@ -235,6 +235,8 @@ def tiny_pipeline(room: str = "v0") -> object:
     sets, in `room` (the micro room with its model preset)."""
     c = full_chain()
     c.room = room
+    # Rows as long as the room's longest conversation (the micro room's are a third of v0's).
+    rows = livestream.room(room).token_budget if room == "micro" else None
     if room == "micro":
         c.base.model.preset = "micro"
     c.base.general.update(dict(train=24, dev=4))
@@ -242,7 +244,7 @@ def tiny_pipeline(room: str = "v0") -> object:
     c.base.trainer.update(dict(total_steps=2, batch_size=1, seq_len=256) | quiet)
     c.base.optimizer.update(dict(warmup_steps=0, decay_steps=2))
     c.corpus.update(dict(num_scenarios=2, dev_scenarios=0, states_per_scenario=2, num_shards=1))
-    c.sft.trainer.update(dict(total_steps=1, batch_size=1, seq_len=5120) | quiet)
+    c.sft.trainer.update(dict(total_steps=1, batch_size=1, seq_len=rows or 5120) | quiet)
     c.sft.optimizer.update(dict(warmup_steps=0, decay_steps=1))
     c.opd.data.update(dict(heldout_instructions=4, max_prompt_len=44))
     c.opd.sampling.max_new_tokens = 8
@@ -251,7 +253,7 @@ def tiny_pipeline(room: str = "v0") -> object:
     c.rl.rollout.update(dict(scenarios=1, group_size=2, max_tokens=8))
     c.rl.sim.max_rounds = 2
     c.rl.eval.update(dict(scenarios=1, trajectories=1))
-    c.rl.trainer.update(dict(total_steps=1, batch_size=4, seq_len=4608) | quiet)
+    c.rl.trainer.update(dict(total_steps=1, batch_size=4, seq_len=rows or 4608) | quiet)
     c.mtp.data.update(dict(source="instructions", heldout_instructions=4, max_prompt_len=96))
     c.mtp.rollout.update(dict(batch_size=2, batches=1, eval_batches=1, max_new_tokens=8))
     c.mtp.trainer.update(dict(total_steps=1, batch_size=2, seq_len=104) | quiet)

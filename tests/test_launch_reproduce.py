@@ -306,10 +306,12 @@ def test_the_tree_on_the_tiny_model(tmp_path):
     c.pipeline = tiny_pipeline()
     c.pipeline.eval.sizes.update(dict(t1=2, general=2))
     c.sets = "t1,general"
-    c.arms = "base,fixed_sft,hsa_sft,hsa_sft_opd,hsa_sft_opd_hsa_rl"
+    # Every kind of node: the base, both SFT arms from it, OPD from an arm's policy (RL from
+    # one is the pipeline's own test); the edit test on two arms.
+    c.arms = "base,fixed_sft,hsa_sft,hsa_sft_opd"
     c.resamples = 200
-    c.edit_test.update(dict(candidates=str(EDITS / "host-voice.yaml"), dev_cases=1,
-                            heldout_cases=1))  # fmt: skip
+    c.edit_test.update(dict(arms="fixed_sft,hsa_sft_opd", candidates=str(EDITS / "host-voice.yaml"),
+                            dev_cases=1, heldout_cases=1))  # fmt: skip
     reproduce_launch.build(c, run_dir=str(tmp_path))
     mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
     m = _reproduce.run_reproduce(c, workdir=str(tmp_path), mesh=mesh, log=lambda s: None)
@@ -333,6 +335,6 @@ def test_the_tree_on_the_tiny_model(tmp_path):
     assert "## The paper's effects" in (tmp_path / "report.md").read_text()
     edits = m["edit_test"]
     assert edits["chosen"] == "host-voice" and set(edits["heldout"]) == {"fixed_sft",
-                                                                        "hsa_sft_opd_hsa_rl"}  # fmt: skip
+                                                                        "hsa_sft_opd"}  # fmt: skip
     run = json.loads((tmp_path / "edit_test/heldout/fixed_sft/host-voice/summary.json").read_text())
     assert run["run"]["harness_edit"]["name"] == "host-voice"

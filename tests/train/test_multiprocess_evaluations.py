@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+from hat_jax import livestream
 from hat_jax.metrics import read_metrics
 from tests._devices import run_job
 
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 DEVICES = 2
 STEPS = 2
+ROWS = livestream.room("micro").token_budget
 EVAL_KEYS = ("eval/loss", "eval/accuracy", "eval/weight", "eval/tool_choice",
              "eval/tool_choice_first_turn", "eval/tool_choice_later_turns", "eval/tool_decision",
              "eval/skill_decision", "eval/copy")  # fmt: skip
@@ -28,18 +30,21 @@ EVAL_KEYS = ("eval/loss", "eval/accuracy", "eval/weight", "eval/tool_choice",
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A demo corpus of 4 scenarios x 2 Harness states per split (train and dev)."""
+    """A micro-room corpus of 4 scenarios x 2 Harness states per split (train and dev): the
+    demo's records and evaluations, in rows of the micro room's token budget."""
     out = tmp_path_factory.mktemp("corpus")
     cmd = [sys.executable, "-m", "launch.make_corpus", "--out", str(out), "--num_scenarios", "4",
-           "--states_per_scenario", "2", "--splits", "train,dev"]  # fmt: skip
+           "--states_per_scenario", "2", "--splits", "train,dev", "--room", "micro"]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     return out
 
 
 def _sft_args(corpus, run_dir):
-    """The demo config as shipped (eval split, tool choice and copying on), made small."""
+    """The demo config as shipped (eval split, tool choice and copying on), made small, on the
+    micro room's policy and rows."""
     return ["-m", "launch.sft", "--config=configs/sft_demo.py", f"--run_dir={run_dir}",
             f"--config.data.corpus={corpus}", f"--config.trainer.total_steps={STEPS}",
+            "--config.model.preset=micro", f"--config.trainer.seq_len={ROWS}",
             "--config.trainer.batch_size=2", "--config.trainer.log_every=1",
             f"--config.trainer.eval_every={STEPS}", f"--config.trainer.checkpoint_every={STEPS}",
             "--config.trainer.eval_batches=1", "--config.data.tool_choice_records=2",
