@@ -23,19 +23,24 @@ def _signed(x: float) -> str:
     return f"{100 * x:+.1f}"
 
 
+def _finished(manifest: dict[str, Any]):
+    """(arm, its entry, its evaluation run directory, its summary) of every finished arm."""
+    from hat_jax.eval import read_summary
+
+    for arm, entry in manifest["arms"].items():
+        run = pathlib.Path(entry["eval"])
+        if entry["status"] == "complete" and (run / "summary.json").is_file():
+            yield arm, entry, run, read_summary(run)
+
+
 def _scores(root: pathlib.Path, manifest: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     """Per finished arm: {set: Interval} of "avg" (bootstrap over the arm's own items)."""
     from hat_jax.eval import _report as eval_report
-    from hat_jax.eval import read_summary
 
     c = manifest["config"]
     sets = [s.strip() for s in c["sets"].split(",") if s.strip()]
     out = {}
-    for arm, entry in manifest["arms"].items():
-        run = pathlib.Path(entry["eval"])
-        if entry["status"] != "complete" or not (run / "summary.json").is_file():
-            continue
-        summary = read_summary(run)
+    for arm, _, run, summary in _finished(manifest):
         out[arm] = {s: eval_report.set_intervals(run, s, ["avg"], c["resamples"], c["seed"])["avg"]
                     for s in sets if s in summary["sets"]}  # fmt: skip
     return sets, out
@@ -55,7 +60,6 @@ def _table(manifest: dict[str, Any], sets: list[str], scores: dict[str, Any]) ->
 
 def _names(manifest: dict[str, Any], sets: list[str]) -> list[str]:
     """Per arm and set with renames: the tool and Skill names written, copied or memorised."""
-    from hat_jax.eval import read_summary
     from hat_jax.eval._names import copy_share
 
     def cell(counts, kind):
@@ -63,16 +67,10 @@ def _names(manifest: dict[str, Any], sets: list[str]) -> list[str]:
         return f"{listed} / {training} ({_pct(copy_share(counts, kind))})"
 
     rows = []
-    for entry in manifest["arms"].values():
-        run = pathlib.Path(entry["eval"])
-        if entry["status"] != "complete" or not (run / "summary.json").is_file():
-            continue
-        summary = read_summary(run)
+    for _, entry, _, summary in _finished(manifest):
         for s in sets:
             counts = summary["sets"].get(s, {}).get("names") or {}
-            if any(
-                counts.get(f"{k}/{c}") for k in ("tool", "skill") for c in ("listed", "training")
-            ):
+            if any(copy_share(counts, kind) is not None for kind in ("tool", "skill")):
                 rows.append(f"| {entry['title']} | {s} | {cell(counts, 'tool')} | "
                             f"{cell(counts, 'skill')} |")  # fmt: skip
     if not rows:

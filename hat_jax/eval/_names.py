@@ -26,9 +26,11 @@ LOAD_SKILL = "load_skill"
 
 
 def _classify(name: Any, renames: Mapping[str, str], known: bool) -> str:
-    if isinstance(name, str) and name in renames:
+    if not isinstance(name, str):  # a malformed argument (a list, a number ...)
+        return "unknown"
+    if name in renames:
         return "listed"
-    if isinstance(name, str) and name in set(renames.values()):
+    if name in renames.values():
         return "training"
     return "unrenamed" if known else "unknown"
 

@@ -5,9 +5,10 @@
 set versions; a run recorded before rooms existed was in the v0 room), per set a table of its
 metrics (scores x100, one decimal, with a bootstrap interval of the mean), a table per
 family and, for agent sets, the names the policy wrote for tools and Skills (copied from a
-renamed list or memorised: `hat_jax.eval._names`), and `plots/<set>.png` with each metric's mean and interval. With `baseline_dir`, each
-set both runs evaluated is also compared item by item (paired bootstrap: delta, its interval
-and P(delta <= 0)), and the plots show both runs side by side.
+renamed list or memorised: `hat_jax.eval._names`), and `plots/<set>.png` with each metric's
+mean and interval. With `baseline_dir`, each set both runs evaluated is also compared item
+by item (paired bootstrap: delta, its interval and P(delta <= 0)), and the plots show both
+runs side by side.
 Every file is written atomically.
 """
 
