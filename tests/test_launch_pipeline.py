@@ -1,8 +1,8 @@
 """`launch.pipeline`: the stages wired output to input, the ablation arms as differences from
 HSA-SFT, the manifest and resume semantics (stage runners replaced by stand-ins), a failing
 stage named in the manifest and the exit status, and (slow) the whole chain on the tiny model,
-stopped between stages and killed (SIGKILL) inside one, then resumed to the final policy of
-an uninterrupted chain, bit for bit."""
+stopped between stages and killed (SIGKILL) inside one, then resumed: the stage killed inside
+ends with an uninterrupted run's policy and metrics, bit for bit."""
 
 import json
 import pathlib
@@ -19,7 +19,6 @@ from hat_jax import hsa, livestream, sharding
 from launch import _pipeline
 from launch import pipeline as pipeline_launch
 from launch import sft as sft_launch
-from serve.digest import checkpoint_digest
 from tests import _kill
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -343,18 +342,16 @@ def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tm
     outcome = report.split("## What the final policy does", 1)[1].split("| stage |", 1)[0]
     assert re.search(r"\*\*T1\*\* \(1 items, live room \w+\): AVG \*\*[\d.]+\*\* \(95% interval",
                      outcome)  # fmt: skip
-    # The resumed pipeline's final policy is an uninterrupted pipeline's, bit for bit: the OPD
-    # and RL policies, the MTP head and the exported checkpoint (weights, config, tokenizer).
-    # The stages from OPD on run again, uninterrupted, from the same SFT policy (the stages
-    # before the kill ran uninterrupted already); the resumed ones are moved aside first.
+    # The stage killed inside, resumed by the pipeline, ends where an uninterrupted OPD from
+    # the same SFT policy and teacher ends, bit for bit: run again, uninterrupted, with the
+    # resumed one and the stages made from it moved aside. (The stages after it read its
+    # policy; that each of them gives the same policy from the same inputs, killed or not, is
+    # its own kill test's.)
     resumed, straight = tmp_path / "resumed", tmp_path / "run"
     resumed.mkdir()
     for stage in ("opd", "rl", "mtp", "export", "eval"):
         (straight / stage).rename(resumed / stage)
-    again = _pipeline.run_pipeline(c, only="opd,rl,mtp,export", **run)
-    assert again["invocations"][-1]["ran"] == ["opd", "rl", "mtp", "export"]
-    for stage, directory in (("opd", "checkpoints"), ("rl", "checkpoints"), ("mtp", "head")):
-        _kill.assert_same_params(straight / stage, resumed / stage, directory)
-    assert checkpoint_digest(straight / "export" / "hf", recompute=True) == checkpoint_digest(
-        resumed / "export" / "hf", recompute=True
-    )
+    again = _pipeline.run_pipeline(c, only="opd", **run)
+    assert again["invocations"][-1]["ran"] == ["opd"]
+    _kill.assert_same_params(straight / "opd", resumed / "opd", "checkpoints")
+    _kill.assert_same_metrics(straight / "opd", resumed / "opd")

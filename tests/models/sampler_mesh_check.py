@@ -4,8 +4,8 @@ Run as a program (`python -m tests.models.sampler_mesh_check OUT_DIR`) by
 `test_sampler_sharded.py`, in its own process: it needs 8 CPU devices and XLA's classic CPU
 runtime (see `tests/_devices.py`). For the Qwen3.5 family (DeltaNet + attention, `tiny`) and
 the Qwen3-MoE family (attention only), the same weights sample on one device and, placed by
-`PARAM_RULES` as in training, on a (data 2, fsdp 4) mesh: greedy and sampled rows, prompts of
-mixed lengths, with and without a shared prefix. Writes `<family>_<case>_<where>.npz` (tokens,
+`PARAM_RULES` as in training, on a (data 2, fsdp 4) mesh: greedy rows, and sampled rows after
+a shared prefix, prompts of mixed lengths. Writes `<family>_<case>_<where>.npz` (tokens,
 lengths, both log-probs) and `<family>_layout.json`: the output shardings of the compiled
 sampling program (the caches it returns after the decode loop) and whether any of the
 program's buffers has a cache's global shape (a batch gathered onto one device).
@@ -40,11 +40,12 @@ def _prompts(vocab: int, shared: bool) -> list[list[int]]:
     return [head + rng.integers(1, vocab, n).tolist() for n in LENGTHS]
 
 
+# Two programs per family and placement (each compiles for seconds): greedy rows without a
+# shared prefix, and sampled rows (top-k and top-p both on, the widest sampling program) with
+# one. Greedy and sampled differ in their strategy, with and without a prefix in the prefill.
 CASES = {
     "greedy": dict(sampling=Sampling(temperature=0.0), shared=False),
-    "sampled": dict(sampling=Sampling(temperature=0.8, top_p=0.9), shared=False),
-    "greedy_prefix": dict(sampling=Sampling(temperature=0.0), shared=True),
-    "sampled_prefix": dict(sampling=Sampling(temperature=1.0, top_k=50), shared=True),
+    "sampled_prefix": dict(sampling=Sampling(temperature=1.0, top_k=50, top_p=0.9), shared=True),
 }
 
 

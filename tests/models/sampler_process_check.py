@@ -3,7 +3,7 @@ tests.models.sampler_process_check OUT_DIR`, started by `tests._devices.run_job`
 
 The tiny Qwen3.5 (DeltaNet + attention) is built sharded over every process's devices (the
 default mesh: FSDP over all of them, so the sampler splits its rows over the job's devices),
-and samples prompts of mixed lengths: greedy, sampled with a fixed seed, and with a shared
+and samples prompts of mixed lengths: greedy, and sampled with a fixed seed after a shared
 prefix. Process `i` writes `OUT_DIR/rows_<i>.npz` (tokens, lengths, both log-probs of every
 case), and whether its parameters and its cache rows span other processes' devices.
 """
@@ -34,12 +34,15 @@ if __name__ == "__main__":
     rng = np.random.default_rng(1)
     head = rng.integers(1, config.vocab_size, PREFIX).tolist()
     plain = [rng.integers(1, config.vocab_size, n).tolist() for n in LENGTHS]
+    # Two programs (each compiles for seconds): greedy rows, and seeded sampled rows after a
+    # shared prefix.
     cases = {
         "greedy": dict(prompts=plain, sampling=models.GREEDY),
-        "sampled": dict(prompts=plain, sampling=models.Sampling(temperature=1.0, top_p=0.9)),
-        "prefix": dict(
-            prompts=[head + p for p in plain], sampling=models.GREEDY, shared_prefix=PREFIX
-        ),  # fmt: skip
+        "sampled_prefix": dict(
+            prompts=[head + p for p in plain],
+            sampling=models.Sampling(temperature=1.0, top_p=0.9),
+            shared_prefix=PREFIX,
+        ),
     }
     arrays = {}
     for name, case in cases.items():

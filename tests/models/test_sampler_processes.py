@@ -1,7 +1,7 @@
 """`models.Sampler` in a job of 2 JAX processes gives every process the same rows as 1 process
 over the same 4 devices (a local coordinator, CPU collectives; `sampler_process_check`): the
-weights span both processes, the rows are split over all 4 devices, and greedy tokens, seeded
-sampled tokens and tokens with a shared prefix are equal, log-probs to 1e-6."""
+weights span both processes, the rows are split over all 4 devices, and greedy tokens and
+seeded sampled tokens after a shared prefix are equal, log-probs to 1e-6."""
 
 import json
 
