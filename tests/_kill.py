@@ -5,10 +5,10 @@ equal but for their clocks, and so do the two final checkpoints' parameters.
 
 The commands run as 1-device CPU processes (the 8 simulated devices of `tests/conftest.py`
 are removed from `XLA_FLAGS`) and share the tests' compilation cache. The run to be killed
-goes first, alone, so it compiles the stage's programs once into that cache; the resumed run
-and the uninterrupted one then go side by side and read them from it (run beside the killed
-one, the uninterrupted run compiled everything a second time: the CPU, not the wall clock,
-bounds the test suite).
+goes first, alone, so the programs it reaches before the kill are compiled once, into that
+cache; the resumed run and the uninterrupted one then go side by side and read them from it
+(run beside the killed one, the uninterrupted run compiled them a second time: the CPU, not
+the wall clock, bounds the test suite).
 """
 
 from __future__ import annotations

@@ -344,9 +344,8 @@ def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tm
                      outcome)  # fmt: skip
     # The stage killed inside, resumed by the pipeline, ends where an uninterrupted OPD from
     # the same SFT policy and teacher ends, bit for bit: run again, uninterrupted, with the
-    # resumed one and the stages made from it moved aside. (The stages after it read its
-    # policy; that each of them gives the same policy from the same inputs, killed or not, is
-    # its own kill test's.)
+    # resumed one and the stages made from it moved aside. (RL and MTP after it read its
+    # policy; their own resume is their kill tests', in tests/test_launch_kill.py.)
     resumed, straight = tmp_path / "resumed", tmp_path / "run"
     resumed.mkdir()
     for stage in ("opd", "rl", "mtp", "export", "eval"):

@@ -40,9 +40,9 @@ def _prompts(vocab: int, shared: bool) -> list[list[int]]:
     return [head + rng.integers(1, vocab, n).tolist() for n in LENGTHS]
 
 
-# Two programs per family and placement (each compiles for seconds): greedy rows without a
-# shared prefix, and sampled rows (top-k and top-p both on, the widest sampling program) with
-# one. Greedy and sampled differ in their strategy, with and without a prefix in the prefill.
+# Two programs per family and placement (each compiles for seconds), between them covering
+# both strategies and both prefills: greedy rows without a shared prefix, and sampled rows
+# (top-k and top-p both on, the widest sampling program) after one.
 CASES = {
     "greedy": dict(sampling=Sampling(temperature=0.0), shared=False),
     "sampled_prefix": dict(sampling=Sampling(temperature=1.0, top_k=50, top_p=0.9), shared=True),

@@ -3,8 +3,8 @@ gives the rows one device gives, and keeps its caches split by rows.
 
 For both families (Qwen3.5: DeltaNet + attention; Qwen3-MoE: attention only), prompts of
 mixed lengths: greedy rows, and sampled rows (same seed; top-k and top-p) after a shared
-prefix, give identical tokens and lengths; log-probs agree to 1e-6 (the per-device programs reduce in another
-order: measured differences up to 9.5e-7). The compiled program returns every cache (keys
+prefix, give identical tokens and lengths; log-probs agree to 1e-6 (the per-device programs
+reduce in another order: measured differences up to 9.5e-7). The compiled program returns every cache (keys
 and values, DeltaNet conv and recurrent states) split over (`data`, `fsdp`) on its batch
 axis, and no buffer of the per-device program has a cache's global shape: the batch is never
 gathered. Runs in a subprocess (`sampler_mesh_check.py`) with XLA's classic CPU runtime.
