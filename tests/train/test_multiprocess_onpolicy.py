@@ -1,6 +1,6 @@
 """The on-policy stages as several JAX processes on one machine (a local coordinator, CPU
-collectives, 4 fake devices in all): General OPD as 4 processes (one device each) and HSA-RL
-as 2 (the shared small setups of `tests.rl.opd_check` and `tests.rl.rl_check`, via
+collectives, 4 fake devices in all): General OPD and HSA-RL each as 2 processes of 2 devices
+(the shared small setups of `tests.rl.opd_check` and `tests.rl.rl_check`, via
 `tests.rl.process_check`), and each run's step-1 checkpoint is resumed by a single process.
 The resumed step samples and learns exactly what the several processes did: every process
 gathers the step's prompts, samples the global batch with the weights spread over the job,
@@ -44,12 +44,15 @@ def _data_files(run_dir, step):
     return sorted(p.name for p in (run_dir / "checkpoints" / str(step) / "data").glob("process_*"))
 
 
-def test_opd_as_four_processes_resumes_under_one_with_the_same_step(tmp_path):
-    run_dir = tmp_path / "p4"
-    four = run_job(_args("opd")(run_dir), 4, devices=DEVICES, log_dir=run_dir)
+def test_opd_as_two_processes_resumes_under_one_with_the_same_step(tmp_path):
+    """Two processes of two devices each: the batch is split over the processes and over each
+    one's devices. (Four processes on this suite's two cores compiled every program four times
+    at once; the several-process data positions of four processes are `test_multiprocess.py`'s.)"""
+    run_dir = tmp_path / "p2"
+    two = run_job(_args("opd")(run_dir), 2, devices=DEVICES, log_dir=run_dir)
     resumed, one = _resume_under_one_process(run_dir, tmp_path, _args("opd"))
-    print(f"OPD: 4 processes {four:.0f} s; 1 process resuming {one:.0f} s")
-    assert _data_files(run_dir, 2) == [f"process_{i}-of-4.json" for i in range(4)]
+    print(f"OPD: 2 processes {two:.0f} s; 1 process resuming {one:.0f} s")
+    assert _data_files(run_dir, 2) == [f"process_{i}-of-2.json" for i in range(2)]
     assert _data_files(resumed, 2) == ["process_0-of-1.json"]  # step 2 ran as one process
     keys = ("loss", "kl", "grad_norm", "response_length", "eval/kl", "eval/response_length")
     want, got = _figures(run_dir, 2, keys), _figures(resumed, 2, keys)
