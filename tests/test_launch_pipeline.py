@@ -5,6 +5,7 @@ stopped between stages and killed (SIGKILL) inside one, then resumed: the stage 
 ends with an uninterrupted run's policy and metrics, bit for bit."""
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -292,14 +293,20 @@ def test_the_whole_pipeline_killed_between_stages_and_inside_one_then_resumed(tm
     sft_entry = json.loads((tmp_path / "run" / "sft" / "COMPLETE.json").read_text())
     # Killed inside OPD: a process running the rest gets SIGKILL once OPD's step-1
     # checkpoint is committed (its remaining steps keep it busy for a while after that).
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path)], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    # Its output goes to a file, unbuffered: a pipe nobody reads until the end blocks the
+    # child once full, and a killed child's buffered lines are lost.
+    child_log = tmp_path / "child.log"
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    with child_log.open("w") as out:
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path)], cwd=REPO,
+                                 env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     first = tmp_path / "run" / "opd" / "checkpoints" / "1"
     deadline = time.monotonic() + 900
     while not first.is_dir():
         if child.poll() is not None or time.monotonic() > deadline:
             child.kill()
-            pytest.fail(f"the child ended before OPD's first checkpoint: {child.stdout.read()}")
+            child.wait()
+            pytest.fail(f"the child ended before OPD's first checkpoint: {child_log.read_text()}")
         time.sleep(0.05)
     child.kill()
     child.wait()
