@@ -143,6 +143,8 @@ class _Builder:
             yield from self._product_free(t)
             return
         for pid in sorted(self.world.products):
+            if self.splits[pid] != t["split"]:  # `scenario` keeps a product of its split only
+                continue
             for detail in self._details(t, pid):
                 for on_screen in (True, False):
                     if on_screen is False and t.get("screen_only"):
