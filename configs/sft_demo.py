@@ -65,6 +65,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             copy_probe_samples=8,
             online_hsa_probability=0.5 if mode == "hsa" else 0.0,
             online_hsa_dims="all",  # the dimensions online HSA draws from, e.g. "skill_id,hook"
+            # The share of online HSA's renames that draw an opaque name (`tool_3f9a`), which
+            # the policy can only copy from the Harness it is shown; unset: HSA's default
+            # (0.15 x strength, the bank's names for the rest).
+            online_hsa_opaque_names=ml_collections.config_dict.placeholder(float),
             # > 0: this share of the original-state records (per epoch) trains bare, without
             # the system prompt and tool schemas: a curriculum for a model with no pretraining
             # (`data.RenderOptions.bare_probability`); the dev split is always whole.

@@ -63,6 +63,9 @@ class OnlineHSAConfig:
       dims: the HSA dimensions to draw from (None = `hat_jax.hsa`'s default). Numeric prompt
         constraints are pinned to the trajectory's, whatever the dimensions.
       strength: HSA strength.
+      opaque_names: the probability that a rename draws an opaque name (`tool_3f9a`) the
+        policy can only copy from the tool list, never memorise (None: `hat_jax.hsa.augment`'s
+        default, 0.15 x strength).
       harness_dir: the base Harness (None: the released Harness of the room the corpus
         manifests record, `livestream.room(...)`; Harness v0 for corpora that record none).
     """
@@ -70,7 +73,12 @@ class OnlineHSAConfig:
     probability: float = 0.0
     dims: tuple[str, ...] | None = None
     strength: float = 1.0
+    opaque_names: float | None = None
     harness_dir: str | None = None
+
+    def __post_init__(self):
+        if self.opaque_names is not None and not 0.0 <= self.opaque_names <= 1.0:
+            raise ValueError(f"online HSA opaque_names must be in [0, 1], got {self.opaque_names}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -170,7 +178,12 @@ def make_augmenter(
     from hat_jax import livestream
 
     directory = config.harness_dir or livestream.room(corpus_room(sources, split)).harness_dir
-    return HsaAugmenter(hx.load(directory), dims=config.dims, strength=config.strength)
+    return HsaAugmenter(
+        hx.load(directory),
+        dims=config.dims,
+        strength=config.strength,
+        opaque_names=config.opaque_names,
+    )
 
 
 class HsaAugmenter:
@@ -178,14 +191,22 @@ class HsaAugmenter:
     canonical Skills the stored behaviour loads. `base_version` lets the pipeline refuse
     records generated from another Harness. Picklable (worker processes)."""
 
-    def __init__(self, base, *, dims: tuple[str, ...] | None = None, strength: float = 1.0):
+    def __init__(
+        self,
+        base,
+        *,
+        dims: tuple[str, ...] | None = None,
+        strength: float = 1.0,
+        opaque_names: float | None = None,
+    ):
         self.base, self.dims, self.strength = base, dims, strength
+        self.opaque_names = opaque_names
         self.base_version = base.version
 
     def __call__(self, rng: np.random.Generator, skills: frozenset[str]):
         from hat_jax import hsa
 
-        kwargs: dict[str, Any] = {"strength": self.strength}
+        kwargs: dict[str, Any] = {"strength": self.strength, "opaque_names": self.opaque_names}
         if self.dims is not None:
             kwargs["dims"] = tuple(self.dims)
         seed = int(rng.integers(2**31 - 1))

@@ -68,7 +68,11 @@ def build(c, *, run_dir: str | None = None) -> Built:
     t = c.trainer
     dims = hsa.parse_dims(c.data.online_hsa_dims)
     dims = None if dims == hsa.ALL else tuple(sorted(str(d) for d in dims))
-    online = data.OnlineHSAConfig(probability=c.data.online_hsa_probability, dims=dims)
+    online = data.OnlineHSAConfig(
+        probability=c.data.online_hsa_probability,
+        dims=dims,
+        opaque_names=c.data.get("online_hsa_opaque_names"),
+    )
     pipeline = dict(sources=(c.data.corpus or "<unset>",), seq_len=t.seq_len, seed=t.seed,
                     global_batch_size=t.batch_size, truncation=c.data.truncation,
                     tokenizer_dir=tokenizer_dir, worker_count=c.data.worker_count,

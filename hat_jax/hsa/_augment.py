@@ -80,6 +80,7 @@ def augment(
     preserve: Preserve | None = None,
     rewriter: Rewriter | None = None,
     max_tries: int = 16,
+    opaque_names: float | None = None,
 ) -> hx.HarnessState:
     """A task-preserving variant of `harness` along the chosen dimensions.
 
@@ -93,6 +94,11 @@ def augment(
       preserve: what the task needs (see `Preserve`); nothing is varied below it.
       rewriter: where new wording and names come from (default: the bundled bank, offline).
       max_tries: draws to attempt while `preserve.check` rejects the result.
+      opaque_names: in [0, 1], the probability that a rename draws an opaque name
+        (`tool_3f9a`, `skill-07c2`) instead of one of the rewriter's names for the module.
+        None: `0.15 * strength` (the bank's names for most renames). An opaque name can only
+        be read from the Harness the policy is shown, never memorised, so raising it puts a
+        premium on copying names from the tool list and Skill index.
 
     Returns:
       A `HarnessState` whose `.harness` is the variant and `.renames` maps its surface names to
@@ -104,6 +110,9 @@ def augment(
     """
     if not 0.0 <= strength <= 1.0:
         raise ValueError(f"strength must be in [0, 1], got {strength}")
+    if opaque_names is not None and not 0.0 <= opaque_names <= 1.0:
+        raise ValueError(f"opaque_names must be in [0, 1] or None, got {opaque_names}")
+    opaque = 0.15 * strength if opaque_names is None else opaque_names
     state, dims = hx.as_state(harness), parse_dims(dims)
     preserve = preserve or Preserve()
     if not dims or strength == 0.0:
@@ -111,13 +120,13 @@ def augment(
         return state
     rewriter = rewriter or BankRewriter()
     for attempt in range(max_tries):
-        out = _draw(state, seed, attempt, dims, strength, preserve, rewriter)
+        out = _draw(state, seed, attempt, dims, strength, preserve, rewriter, opaque)
         if preserve.check is None or preserve.check(out):
             return out
     raise HsaError(f"no augmentation in {max_tries} draws satisfied the task's check (seed {seed})")
 
 
-def _draw(state, seed, attempt, dims, strength, preserve, rewriter) -> hx.HarnessState:
+def _draw(state, seed, attempt, dims, strength, preserve, rewriter, opaque) -> hx.HarnessState:
     bank = getattr(rewriter, "bank", None) or default_bank()
     h = _skills.link_mentions(state.harness)
     reserved = {*h.skill_names, *h.tool_names, *state.renames.skills.values()}
@@ -132,6 +141,7 @@ def _draw(state, seed, attempt, dims, strength, preserve, rewriter) -> hx.Harnes
             bank=bank,
             renames=state.renames,
             reserved=reserved,
+            opaque_names=opaque,
         )
 
     steps = {

@@ -83,8 +83,10 @@ class Ctx:
         bank: Bank,
         renames: hx.RenameMap,
         reserved: Iterable[str],
+        opaque_names: float | None = None,
     ):
         self.rng, self.strength, self.preserve = rng, strength, preserve
+        self.opaque_names = 0.15 * strength if opaque_names is None else opaque_names
         self.rewriter, self.bank, self.renames = rewriter, bank, renames
         self.reserved = frozenset(reserved)
 
@@ -107,7 +109,8 @@ class Ctx:
         return self.renames.canonical_tool(name)
 
     def fresh_name(self, kind: str, canonical: str, taken: set[str]) -> str:
-        """A new surface name for `canonical`: from the rewriter, else an opaque one.
+        """A new surface name for `canonical`: from the rewriter, else (with probability
+        `opaque_names`, or when the rewriter has none left) an opaque one.
 
         Never a name in `taken` (names in use and already chosen), nor any canonical or
         reserved name, so a canonical name in a trajectory can never be mistaken for a renamed
@@ -118,7 +121,7 @@ class Ctx:
         options = [
             n for n in self.rewriter.names(kind, canonical) if n not in taken and pattern.match(n)
         ]
-        if options and not self.chance(0.15 * self.strength):
+        if options and not self.chance(self.opaque_names):
             name = self.rng.choice(options)
         else:
             name = f"{kind}-{self.rng.randrange(16**4):04x}"

@@ -311,3 +311,52 @@ def test_augment_works_on_a_harness_the_bank_does_not_know(base):
         new = s.harness.skill(s.surface_skill("size-advisor"))
         assert new.description == size.description
         assert s.surface_tool("size_chart") is not None
+
+
+OPAQUE_TOOL, OPAQUE_SKILL = r"tool_[0-9a-f]{4}x*", r"skill-[0-9a-f]{4}x*"
+
+
+def _opaque(state: hx.HarnessState) -> tuple[list[bool], list[bool]]:
+    import re
+
+    tools = [bool(re.fullmatch(OPAQUE_TOOL, n)) for n in state.renames.tools]
+    skills = [bool(re.fullmatch(OPAQUE_SKILL, n)) for n in state.renames.skills]
+    return tools, skills
+
+
+def test_opaque_names_sets_the_share_of_renames_that_must_be_copied(base):
+    """`opaque_names=1`: every rename is an opaque name (nothing a policy could memorise);
+    `0`: every rename comes from the bank (this Harness's modules all have bank names left);
+    the default draws some of each. Each variant stays valid, and is a function of its
+    arguments."""
+    counts = {}
+    for opaque in (None, 0.0, 1.0):
+        tools, skills = [], []
+        for seed in range(8):
+            state = hsa.augment(base, seed=seed, strength=1.0, opaque_names=opaque)
+            assert not hx.validate(state.harness, state.renames)
+            again = hsa.augment(base, seed=seed, strength=1.0, opaque_names=opaque)
+            assert again.renames == state.renames
+            t, s = _opaque(state)
+            tools, skills = tools + t, skills + s
+        assert tools and skills
+        counts[opaque] = (sum(tools) / len(tools), sum(skills) / len(skills))
+    assert counts[1.0] == (1.0, 1.0)
+    assert counts[0.0] == (0.0, 0.0)
+    assert 0.0 < counts[None][0] < 0.5, counts  # 0.15 x strength of the tool renames
+    with pytest.raises(ValueError, match="opaque_names must be in"):
+        hsa.augment(base, seed=3, opaque_names=1.5)
+
+
+def test_online_hsa_passes_opaque_names_to_its_draws():
+    import numpy as np
+
+    import data
+
+    draw = data.make_augmenter(data.OnlineHSAConfig(probability=1.0, opaque_names=1.0))
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        tools, skills = _opaque(draw(rng, frozenset()))
+        assert tools and all(tools) and all(skills)
+    with pytest.raises(ValueError, match="opaque_names must be in"):
+        data.OnlineHSAConfig(probability=1.0, opaque_names=-0.5)
