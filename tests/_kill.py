@@ -99,8 +99,10 @@ def without_clocks(records: list[dict]) -> list[dict]:
 
 
 def _start(cmd: list[str], log: pathlib.Path) -> subprocess.Popen:
-    out = log.open("w")
-    return subprocess.Popen(cmd, cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT)
+    with log.open("w") as out:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=environment(), stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def _finish(proc: subprocess.Popen, log: pathlib.Path, what: str) -> str:
