@@ -24,7 +24,7 @@ from typing import Any
 
 from hat_jax import harness as hx
 from hat_jax import hsa, livestream
-from rl.sim import _intents
+from rl.sim import _intents, _pool_cache
 from rl.sim._compose import Results, clause, compose, join, lead, sentences
 from rl.sim._phrasings import load_phrasings
 from rl.sim._sandbox import Sandbox
@@ -441,10 +441,18 @@ def generate_scenarios(
 
 @functools.cache
 def default_scenarios(room: str = "v0") -> ScenarioSet:
-    """The scenarios of a bundled room (`livestream.room`; generated once per process)."""
+    """The scenarios of a bundled room (`livestream.room`): generated once per process, and
+    once per version of the room's files and this code on the machine (`rl.sim._pool_cache`:
+    later processes read the pool from `$HAT_JAX_SCENARIO_CACHE`)."""
     spec = livestream.room(room)
-    return generate_scenarios(
-        livestream.load_world(spec.world_dir),
-        phrasings=spec.phrasings,
-        harness=hx.load(spec.harness_dir),
-    )
+
+    def build() -> ScenarioSet:
+        with _pool_cache.gc_paused():
+            return generate_scenarios(
+                livestream.load_world(spec.world_dir),
+                phrasings=spec.phrasings,
+                harness=hx.load(spec.harness_dir),
+            )
+
+    dirs = [spec.world_dir, spec.harness_dir, spec.phrasings]
+    return _pool_cache.cached(f"room-{room}", dirs, build)
