@@ -63,9 +63,9 @@ class OnlineHSAConfig:
       dims: the HSA dimensions to draw from (None = `hat_jax.hsa`'s default). Numeric prompt
         constraints are pinned to the trajectory's, whatever the dimensions.
       strength: HSA strength.
-      opaque_names: the probability that a rename draws an opaque name (`tool_3f9a`) the
-        policy can only copy from the tool list, never memorise (None: `hat_jax.hsa.augment`'s
-        default, 0.15 x strength).
+      opaque_names: the probability that a rename draws an opaque name (`tool_3f9a`,
+        `skill-07c2`) the policy can only copy from the tool list or the Skill index, never
+        memorise (None: `hat_jax.hsa.augment`'s default, 0.15 x strength).
       harness_dir: the base Harness (None: the released Harness of the room the corpus
         manifests record, `livestream.room(...)`; Harness v0 for corpora that record none).
     """

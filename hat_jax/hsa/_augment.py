@@ -222,6 +222,7 @@ def _check_needs(state: hx.HarnessState, preserve: Preserve) -> None:
         bank=None,
         renames=state.renames,
         reserved=(),
+        opaque_names=0.0,
     )
     for c in state.harness.prompt.constraints:
         lo, _ = constraint_range(c, dummy)

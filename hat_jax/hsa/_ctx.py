@@ -83,10 +83,10 @@ class Ctx:
         bank: Bank,
         renames: hx.RenameMap,
         reserved: Iterable[str],
-        opaque_names: float | None = None,
+        opaque_names: float,
     ):
         self.rng, self.strength, self.preserve = rng, strength, preserve
-        self.opaque_names = 0.15 * strength if opaque_names is None else opaque_names
+        self.opaque_names = opaque_names
         self.rewriter, self.bank, self.renames = rewriter, bank, renames
         self.reserved = frozenset(reserved)
 

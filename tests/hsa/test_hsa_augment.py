@@ -2,9 +2,12 @@
 of renames with executors, and function preservation of tools."""
 
 import dataclasses
+import re
 
+import numpy as np
 import pytest
 
+import data
 from hat_jax import chat_format, hsa, livestream
 from hat_jax import harness as hx
 
@@ -317,8 +320,6 @@ OPAQUE_TOOL, OPAQUE_SKILL = r"tool_[0-9a-f]{4}x*", r"skill-[0-9a-f]{4}x*"
 
 
 def _opaque(state: hx.HarnessState) -> tuple[list[bool], list[bool]]:
-    import re
-
     tools = [bool(re.fullmatch(OPAQUE_TOOL, n)) for n in state.renames.tools]
     skills = [bool(re.fullmatch(OPAQUE_SKILL, n)) for n in state.renames.skills]
     return tools, skills
@@ -349,10 +350,6 @@ def test_opaque_names_sets_the_share_of_renames_that_must_be_copied(base):
 
 
 def test_online_hsa_passes_opaque_names_to_its_draws():
-    import numpy as np
-
-    import data
-
     draw = data.make_augmenter(data.OnlineHSAConfig(probability=1.0, opaque_names=1.0))
     rng = np.random.default_rng(0)
     for _ in range(4):
