@@ -8,11 +8,8 @@
 
 Requests are padded into buckets — batch size, prompt length and generation length each
 rounded up to the next of 1, 1.5, 2, 3, 4, 6, 8, 12, ... x `min_bucket` — so repeated rollouts
-with varying lengths reuse a few compiled programs (`compilations` counts a sampler's). The
-programs belong to the process, not the sampler: every sampler on the same mesh shares them,
-so a new sampler on a model of the same structure (an evaluation's policy, the next stage's)
-traces and compiles nothing again. Everything per row (prompt, length limit, sampling
-settings) is an array; stop tokens are an array too.
+with varying lengths reuse a few compiled programs (`compilations` counts them). Everything
+per row (prompt, length limit, sampling settings) is an array; stop tokens are an array too.
 
 Returned per token: the id, its log-probability under the sampling distribution (after
 temperature / top-k / top-p; 0 for greedy), and under the unmodified policy (temperature 1,
@@ -38,7 +35,6 @@ A call whose inputs differ between processes raises an error naming them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -183,24 +179,6 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]], *, multiple: int = 51
     return common // multiple * multiple
 
 
-@functools.cache
-def _program(mesh: jax.sharding.Mesh | None):
-    """`loop.generate` jitted for `mesh` (traced under the sampling rules on it, if any), one
-    per mesh for the process: the model's graph definitions are static arguments and the
-    weights traced ones, so samplers of the same structure share every program (as a
-    module-level `jax.jit` would) and a new sampler on new weights traces nothing again."""
-
-    def generate(*args, **kwargs) -> loop.LoopState:
-        if mesh is None:
-            return loop.generate(*args, **kwargs)
-        with use_rules(SAMPLING_RULES, mesh):
-            return loop.generate(*args, **kwargs)
-
-    return jax.jit(
-        generate, static_argnames=("strategy", "gen_slots", "num_draft_tokens"), static_argnums=(0,)
-    )
-
-
 class Sampler:
     """Batched generation with bucketed shapes (see the module docstring).
 
@@ -254,16 +232,27 @@ class Sampler:
         self._rows_multiple = (
             1 if self.mesh is None else data_parallel_size(self.mesh, SAMPLING_RULES)
         )
-        self._programs: set[tuple] = set()
-        self._compiled = _program(self.mesh)
+        self._traces = 0
+        self._compiled = jax.jit(
+            self._generate,
+            static_argnames=("strategy", "gen_slots", "num_draft_tokens"),
+            static_argnums=(0,),
+        )
+
+    def _generate(self, *args, **kwargs) -> loop.LoopState:
+        """`loop.generate`, traced under the sampling rules on the mesh (if any)."""
+        if self.mesh is None:
+            return loop.generate(*args, on_trace=self._count_trace, **kwargs)
+        with use_rules(SAMPLING_RULES, self.mesh):
+            return loop.generate(*args, on_trace=self._count_trace, **kwargs)
+
+    def _count_trace(self) -> None:
+        self._traces += 1
 
     @property
     def compilations(self) -> int:
-        """The programs this sampler has called: one per bucket / strategy combination. They
-        are shared by every sampler on the same mesh, so one another sampler of the same
-        model structure traced (a new policy's evaluation, the same weights in another stage)
-        is reused, not traced again."""
-        return len(self._programs)
+        """Programs traced so far (one per new bucket / strategy combination)."""
+        return self._traces
 
     def update(self, model: Qwen | None = None, mtp: MTPHead | None = None) -> None:
         """Takes new weights (same structure) without recompiling, e.g. after a train step."""
@@ -398,16 +387,13 @@ class Sampler:
                  *([] if prefix is None else [prefix])],
                 "Sampler: the prompts, settings or seed of this call",
             )  # fmt: skip
-        strategy = strategy or strategy_for(rows)
-        shapes = tuple(np.shape(x) for x in jax.tree.leaves(req))
-        self._programs.add((shapes, None if prefix is None else prefix.shape, strategy, gen_slots))
         state = self._compiled(
             self._graphs,
             self._states,
             self._place(req),
             key,
             prefix,
-            strategy=strategy,
+            strategy=strategy or strategy_for(rows),
             gen_slots=gen_slots,
             num_draft_tokens=self.num_draft_tokens,
         )

@@ -25,6 +25,7 @@ mesh axes and never gathered; without a mesh every constraint is a no-op.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -338,6 +339,7 @@ def generate(
     strategy: Strategy,
     gen_slots: int,
     num_draft_tokens: int,
+    on_trace: Callable[[], None] = lambda: None,
 ) -> LoopState:
     """Prefill and the decoding loop, to be wrapped in `jax.jit` (all keywords static).
 
@@ -347,6 +349,7 @@ def generate(
     prefilled once (`req` then holds each row's remaining tokens); with speculation the
     head's cache of the prefix's pairs is computed once too.
     """
+    on_trace()
     prefill_graph, decode_graph, head_graph = graphs
     target_state, head_state = states
     k = num_draft_tokens

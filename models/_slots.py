@@ -30,7 +30,6 @@ The whole-batch `models.Sampler` stays the fast path for a batch known up front 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -256,27 +255,6 @@ def _pad_rows(x: np.ndarray, slots: int) -> np.ndarray:
     return np.concatenate([x, np.zeros((slots - x.shape[0],) + x.shape[1:], x.dtype)])
 
 
-@functools.cache
-def _programs(steps_per_call: int):
-    """`_admit` and `_steps` jitted once per process (per `steps_per_call`), the graph
-    definitions static and the weights and state traced: decoders of the same structure share
-    their programs, so a new decoder on new weights (the next stage's, a restarted server's)
-    compiles nothing again."""
-    admit = jax.jit(
-        _admit,
-        static_argnums=(0,),
-        static_argnames=("strategy", "slot_length"),
-        donate_argnums=(2,),
-    )
-    step = jax.jit(
-        functools.partial(_steps, steps=steps_per_call),
-        static_argnums=(0,),
-        static_argnames=("strategy", "width", "rows"),
-        donate_argnums=(2,),
-    )
-    return admit, step
-
-
 class SlotDecoder:
     """Step-wise decoding over `slots` rows (see the module docstring).
 
@@ -330,8 +308,28 @@ class SlotDecoder:
         stops = np.full((bucket(max(len(stop_tokens), 1), 4),), -1, np.int32)
         stops[: len(stop_tokens)] = [int(t) for t in stop_tokens]
         self._stops = jnp.asarray(stops)
-        self._used: dict[str, set] = {"admit": set(), "step": set()}
-        self._admit, self._step = _programs(steps_per_call)
+        self._traces = {"admit": 0, "step": 0}
+
+        def admit(graph, weights, state, *args, strategy, slot_length):
+            self._traces["admit"] += 1
+            return _admit(graph, weights, state, *args, strategy=strategy,
+                          slot_length=slot_length)  # fmt: skip
+
+        def step(graph, weights, state, stop_tokens, *, strategy, width, rows):
+            self._traces["step"] += 1
+            return _steps(graph, weights, state, stop_tokens, strategy=strategy,
+                          steps=steps_per_call, width=width, rows=rows)  # fmt: skip
+
+        self._admit = jax.jit(
+            admit, static_argnums=(0,), static_argnames=("strategy", "slot_length"),
+            donate_argnums=(2,),
+        )  # fmt: skip
+        self._step = jax.jit(
+            step,
+            static_argnums=(0,),
+            static_argnames=("strategy", "width", "rows"),
+            donate_argnums=(2,),
+        )
         self._settings: list[Sampling | None] = [None] * slots
         self._active = np.zeros(slots, bool)
         self._ends = np.zeros(slots, np.int64)  # tokens each slot's cache holds
@@ -355,11 +353,9 @@ class SlotDecoder:
 
     @property
     def compilations(self) -> dict[str, int]:
-        """The programs this decoder has called: `admit` (one per prompt bucket and strategy)
-        and `step` (one per strategy, attention-window bucket and power-of-two count of leading
-        slots). Programs belong to the process (`_programs`): a decoder of the same model
-        structure, slot count and length runs the ones another compiled."""
-        return {name: len(keys) for name, keys in self._used.items()}
+        """Programs traced so far: `admit` (one per prompt bucket and strategy) and `step`
+        (one per strategy, attention-window bucket and power-of-two count of leading slots)."""
+        return dict(self._traces)
 
     @property
     def active(self) -> np.ndarray:
@@ -412,7 +408,6 @@ class SlotDecoder:
         padded = np.full((1, min(bucket(ids.size, self.min_bucket), self.max_length)),
                          self.pad_id, np.int32)  # fmt: skip
         padded[0, : ids.size] = ids
-        self._used["admit"].add((padded.shape, strategy_for([sampling])))
         self._state, out = self._admit(
             self._graphs[0],
             self._weights,
@@ -459,7 +454,6 @@ class SlotDecoder:
         # Likewise only the first slots up to the last busy one, rounded up to a power of
         # two (`admit` callers fill the lowest free slots first: `free_slots` lists them so).
         rows = min(1 << int(np.flatnonzero(self._active).max()).bit_length(), self.slots)
-        self._used["step"].add((strategy_for(busy), width, rows))
         self._state, out = self._step(
             self._graphs[1], self._weights, self._state, self._stops,
             strategy=strategy_for(busy), width=width, rows=rows,
@@ -483,13 +477,12 @@ class SlotDecoder:
         """Compiles admission for prompts of these lengths and every decode program requests
         of those lengths with up to `max_new_tokens` can need (each power-of-two count of
         leading slots x each attention-window bucket), for this sampling strategy; returns
-        the number of programs this decoder had not run before (compiled now, unless a
-        decoder of the same structure compiled them first). Every slot must be free."""
+        the number of programs compiled. Every slot must be free."""
         if self._active.any():
             raise ValueError("SlotDecoder.warmup: slots are busy")
         if not prompt_lengths:
             return 0
-        before = sum(self.compilations.values())
+        before = sum(self._traces.values())
         for length in prompt_lengths:  # a one-token limit: the slot is free again at once
             self.admit(0, [self.pad_id] * int(length), max_new_tokens=1, sampling=sampling)
         n = self.steps_per_call
@@ -500,13 +493,12 @@ class SlotDecoder:
         strategy = strategy_for([sampling])
         for r in rows:
             for w in widths:
-                self._used["step"].add((strategy, w, r))
                 self._state, out = self._step(
                     self._graphs[1], self._weights, self._state, self._stops,
                     strategy=strategy, width=w, rows=r,
                 )  # fmt: skip
         jax.block_until_ready(out)
-        return sum(self.compilations.values()) - before
+        return sum(self._traces.values()) - before
 
     def cancel(self, slot: int) -> None:
         """Frees `slot` before its row ends (e.g. the client went away)."""

@@ -235,23 +235,6 @@ def test_calls_within_a_bucket_do_not_recompile(small_sampler):
     assert sampler.compilations == traces + 1
 
 
-def test_a_sampler_on_new_weights_runs_the_programs_another_traced(small_sampler):
-    """Programs belong to the process: a second sampler on another model of the same
-    structure compiles nothing, and its own outputs come from its own weights."""
-    from models import _sampler
-
-    prompts = _prompts(128, (5, 3))
-    first = small_sampler(prompts, max_new_tokens=4, sampling=GREEDY)
-    graphdef, state = small_sampler._graphs[0], small_sampler._states[0]
-    other = jax.tree.map(lambda x: x * 1.5, state)  # same structure, other weights
-    programs = _sampler._program(None)._cache_size()
-    second = Sampler(nnx.merge(graphdef, other), min_bucket=8)
-    out = second(prompts, max_new_tokens=4, sampling=GREEDY)
-    assert second._compiled is small_sampler._compiled is _sampler._program(None)
-    assert _sampler._program(None)._cache_size() == programs and second.compilations == 1
-    assert not np.array_equal(out.policy_logprobs, first.policy_logprobs)
-
-
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -395,7 +378,7 @@ def test_speculative_generations_have_the_plain_distribution(speculative_setup, 
     drafted and verified) have the same joint distribution with and without speculation
     (chi-square over 256 outcomes, 12,288 draws per temperature). The test has power: a
     variant that accepts every draft is rejected by it at p ~ 0."""
-    from models import _sampler, _sampler_loop
+    from models import _sampler_loop
 
     model, _, _ = speculative_setup
     head = _scaled(MTPHead(model.config, rngs=nnx.Rngs(1)), 10.0)
@@ -424,14 +407,8 @@ def test_speculative_generations_have_the_plain_distribution(speculative_setup, 
         rows_, k = drafts.shape
         return jnp.full((rows_,), k, jnp.int32), jnp.argmax(target_logp[:, k], -1).astype(jnp.int32)
 
-    # Samplers share their programs (`models._sampler._program`): the patched rule must be
-    # traced into a program of its own, which no later sampler may reuse.
     monkeypatch.setattr(_sampler_loop, "speculative_accept", accept_all)
-    _sampler._program.cache_clear()
-    try:
-        wrong, _ = counts(Sampler(model, mtp=head, num_draft_tokens=3, min_bucket=4), [200])
-    finally:
-        _sampler._program.cache_clear()
+    wrong, _ = counts(Sampler(model, mtp=head, num_draft_tokens=3, min_bucket=4), [200])
     for i in range(len(temperatures)):
         assert _same_distribution_p(plain[i], wrong[i]) < 1e-6
 

@@ -9,12 +9,11 @@
   step compiles once per strategy and admission once per prompt bucket; bad input fails clearly.
 """
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from models import GREEDY, Qwen, QwenConfig, Sampler, Sampling, SlotDecoder, _slots
+from models import GREEDY, Qwen, QwenConfig, Sampler, Sampling, SlotDecoder
 
 LENGTHS = (37, 5, 20, 61, 9)
 
@@ -124,27 +123,12 @@ def test_compiles_once_per_bucket_and_strategy():
     first = decoder.compilations
     # Admission: one prompt bucket; steps: one per attention-window bucket the rows reached.
     assert first["admit"] == 1 and 1 <= first["step"] <= 2
-    programs = _slots._programs(2)  # the process's programs, shared by every decoder
-
-    def compiled():
-        return [p._cache_size() for p in programs]
-
-    before = compiled()
     decoder.generate(prompts[::-1], max_new_tokens=5, sampling=Sampling(temperature=1.0))
     assert decoder.compilations == first  # temperature is an array, not a program
-    assert compiled() == before
     decoder.generate(prompts[:2], max_new_tokens=5, sampling=Sampling(top_k=5))
     assert decoder.compilations["admit"] == 2  # top-k is a strategy
     decoder.generate([[1] * 20], max_new_tokens=5, sampling=GREEDY)
     assert decoder.compilations["admit"] == 3  # a new prompt bucket
-    # Another decoder of the same structure, on other weights: it runs those programs.
-    graphdef, state = nnx.split(model)
-    other = nnx.merge(graphdef, jax.tree.map(lambda x: x * 1.5, state))
-    again = SlotDecoder(other, slots=2, max_length=64, min_bucket=16, steps_per_call=2)
-    before = compiled()
-    out = again.generate(prompts, max_new_tokens=5, sampling=GREEDY)
-    assert compiled() == before and again.compilations == first
-    assert out != decoder.generate(prompts, max_new_tokens=5, sampling=GREEDY)
 
 
 @pytest.mark.parametrize(
