@@ -6,10 +6,11 @@ needs one (each RL, evaluation and corpus launch). The pool is a pure function o
 files and the generator's code, so it is pickled once and read back (0.5 s for the micro room).
 
 The key is a SHA-256 over the room's data files (world, Harness, phrasings) and the source of
-every module of the `hat_jax` and `rl` packages, so any edit to the data or the code misses
-the cache and regenerates; the Python version and the pickle protocol are part of it too.
-Files are written atomically (a unique temporary file, then a rename), so processes that
-generate the same pool at once each write a whole file and a reader never sees half of one.
+every module of the `hat_jax` and `rl` packages (this one included, so a change to the file
+layout is a new key too), so any edit to the data or the code misses the cache and
+regenerates; the Python version and the pickle protocol are part of it too.
+Files are written atomically (`hat_jax.files.atomic_open`), so processes that generate the
+same pool at once each write a whole file and a reader never sees half of one.
 An unreadable file is regenerated and replaced, with a warning.
 
 `$HAT_JAX_SCENARIO_CACHE` sets the directory (default `~/.cache/hat_jax/scenarios`); `off`
@@ -26,14 +27,14 @@ import os
 import pathlib
 import pickle
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hat_jax import files
+
 ENV = "HAT_JAX_SCENARIO_CACHE"
 DEFAULT_DIR = pathlib.Path("~/.cache/hat_jax/scenarios")
-_FORMAT = 1  # bump when the file layout changes
 _PROTOCOL = 5
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 _CODE_PACKAGES = ("hat_jax", "rl")
@@ -64,7 +65,7 @@ def _code_digest() -> str:
 
 def pool_key(name: str, data_dirs: list[pathlib.Path]) -> str:
     """The key of pool `name` generated from the files under `data_dirs` by this code."""
-    h = hashlib.sha256(f"{_FORMAT}|{_PROTOCOL}|{sys.version_info[:2]}|{name}".encode())
+    h = hashlib.sha256(f"{_PROTOCOL}|{sys.version_info[:2]}|{name}".encode())
     h.update(_code_digest().encode())
     for root in sorted({pathlib.Path(d).resolve() for d in data_dirs}):
         for path in _files(root, "*") if root.is_dir() else [root]:
@@ -104,15 +105,8 @@ def cached(name: str, data_dirs: list[pathlib.Path], build: Callable[[], Any]) -
                           stacklevel=2)  # fmt: skip
     value = build()
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(value, f, protocol=_PROTOCOL)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with files.atomic_open(path, "wb") as f:
+            pickle.dump(value, f, protocol=_PROTOCOL)
     except OSError as err:  # a read-only or full disk costs the next process a regeneration
         warnings.warn(f"scenario cache {str(directory)!r} not written: {err}", stacklevel=2)
     return value
