@@ -143,8 +143,6 @@ def load_tokenizer(path: str | os.PathLike | None = None):
       FileNotFoundError: the directory or its tokenizer files are missing.
       ValueError: the tokenizer does not have the Qwen chat-format tokens.
     """
-    import transformers  # deferred: building the demo tokenizer does not need it
-
     directory = pathlib.Path(path) if path is not None else DEFAULT_DIR
     if not directory.is_dir():
         raise FileNotFoundError(f"tokenizer directory {str(directory)!r} does not exist")
@@ -152,7 +150,7 @@ def load_tokenizer(path: str | os.PathLike | None = None):
         raise FileNotFoundError(
             f"{str(directory)!r} has no tokenizer.json (or vocab.json): not a tokenizer directory"
         )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    tokenizer = _tokenizer_class(directory).from_pretrained(str(directory), local_files_only=True)
     for token in chat_format.FORMAT_TOKENS:
         ids = tokenizer.encode(token, add_special_tokens=False)
         if len(ids) != 1:
@@ -161,6 +159,30 @@ def load_tokenizer(path: str | os.PathLike | None = None):
                 f"{len(ids)} tokens; it is not a Qwen-format tokenizer"
             )
     return tokenizer
+
+
+def _tokenizer_class(directory: pathlib.Path) -> Any:
+    """The class `transformers.AutoTokenizer` loads `directory` with, without importing
+    `AutoTokenizer` where the directory decides it alone.
+
+    A tokenizer-only directory (no model `config.json`, no custom code in `auto_map`) that names
+    a class in `tokenizer_config.json` is loaded by `AutoTokenizer` as that class; the class is
+    then taken from `transformers` directly, because `AutoTokenizer` imports the model-config
+    machinery and with it torch (2-4 s of every process's start, for a tokenizer). Anything else
+    (a checkpoint's directory, where the model type can override the named class) goes through
+    `AutoTokenizer` itself."""
+    import transformers
+
+    config_file = directory / "tokenizer_config.json"
+    if not (directory / "config.json").exists() and config_file.is_file():
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        name = config.get("tokenizer_class")
+        if isinstance(name, str) and "auto_map" not in config:
+            for candidate in (name, name.removesuffix("Fast")):
+                cls = getattr(transformers, candidate, None)
+                if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase):
+                    return cls
+    return transformers.AutoTokenizer
 
 
 def build_tokenizer(config: TokenizerConfig) -> tokenizers.Tokenizer:

@@ -145,6 +145,33 @@ def test_load_tokenizer_errors(tmp_path):
         load_tokenizer(tmp_path / "plain")
 
 
+def test_load_tokenizer_picks_the_class_auto_tokenizer_picks_without_importing_torch(tmp_path):
+    """The bundled directory names its class, which is taken from transformers directly: the
+    same class and ids as `AutoTokenizer`, in a process that never imports torch (which
+    `AutoTokenizer`'s model-config import pulls in)."""
+    auto = transformers.AutoTokenizer.from_pretrained(str(DEFAULT_DIR), local_files_only=True)
+    loaded = load_tokenizer()
+    assert type(loaded) is type(auto)
+    for text in TEXTS:
+        assert loaded(text)["input_ids"] == auto(text)["input_ids"]
+    code = (
+        "import sys; from data.tokenizer import load_tokenizer; load_tokenizer(); "
+        "print(sorted(m for m in ('torch', 'transformers.models.auto') if m in sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"
+    # A directory naming a class transformers does not export goes through AutoTokenizer,
+    # which decides (today: its generic backend).
+    custom = tmp_path / "custom"
+    load_tokenizer().save_pretrained(custom)
+    config = json.loads((custom / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "NoSuchTokenizer"
+    (custom / "tokenizer_config.json").write_text(json.dumps(config))
+    auto = transformers.AutoTokenizer.from_pretrained(str(custom), local_files_only=True)
+    assert type(load_tokenizer(custom)) is type(auto) is not type(loaded)
+
+
 def test_load_a_checkpoint_style_directory_offline(tmp_path, monkeypatch):
     """A Qwen3.5 checkpoint directory (config.json + tokenizer files), loaded with no network."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
