@@ -168,16 +168,17 @@ def _tokenizer_class(directory: pathlib.Path) -> Any:
     A tokenizer-only directory (no model `config.json`, no custom code in `auto_map`) that names
     a class in `tokenizer_config.json` is loaded by `AutoTokenizer` as that class; the class is
     then taken from `transformers` directly, because `AutoTokenizer` imports the model-config
-    machinery and with it torch (2-4 s of every process's start, for a tokenizer). Anything else
-    (a checkpoint's directory, where the model type can override the named class) goes through
-    `AutoTokenizer` itself."""
+    machinery and with it torch (about 1.5 s of every launch process's start on a 2-core CPU,
+    for a tokenizer). Anything else (a checkpoint's directory, where the model type can
+    override the named class; `PythonBackend`, which `AutoTokenizer` replaces; a class
+    transformers does not export) goes through `AutoTokenizer` itself."""
     import transformers
 
     config_file = directory / "tokenizer_config.json"
     if not (directory / "config.json").exists() and config_file.is_file():
         config = json.loads(config_file.read_text(encoding="utf-8"))
         name = config.get("tokenizer_class")
-        if isinstance(name, str) and "auto_map" not in config:
+        if isinstance(name, str) and name != "PythonBackend" and "auto_map" not in config:
             for candidate in (name, name.removesuffix("Fast")):
                 cls = getattr(transformers, candidate, None)
                 if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase):
